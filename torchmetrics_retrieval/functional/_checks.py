@@ -1,0 +1,132 @@
+"""Argument checks shared by the functional core and the metric classes.
+
+Every check raises ``TypeError`` (wrong kind of object or dtype) or ``ValueError`` (wrong value or
+shape) with a message that names the argument and echoes what was given, in the form
+``"`name` must be <expected>, got <value>."``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "check_choice",
+    "check_embeddings",
+    "check_fractions",
+    "check_labels",
+    "check_mask",
+    "check_positive_int",
+    "check_same_length",
+    "check_top_k",
+    "describe",
+]
+
+
+def describe(value: Any) -> str:
+    """Short description of ``value`` for error messages (tensors by shape and dtype, not content)."""
+    if isinstance(value, Tensor):
+        return f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"an array of shape {tuple(value.shape)} and dtype {value.dtype}"
+    return repr(value)
+
+
+def check_positive_int(name: str, value: Any) -> int:
+    """Return ``value`` if it is an int >= 1 (bools are refused)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"`{name}` must be an int >= 1, got {describe(value)}.")
+    if value < 1:
+        raise ValueError(f"`{name}` must be an int >= 1, got {value}.")
+    return value
+
+
+def check_top_k(name: str, values: int | Iterable[int], *, allow_empty: bool = True) -> tuple[int, ...]:
+    """Normalise a cutoff or a collection of cutoffs to a sorted tuple of distinct ints >= 1."""
+    if isinstance(values, int) and not isinstance(values, bool):
+        values = (values,)
+    if isinstance(values, (str, bytes, Tensor)) or not isinstance(values, Iterable):
+        raise TypeError(f"`{name}` must be an int or a tuple of ints >= 1, got {describe(values)}.")
+    items = tuple(values)
+    for k in items:
+        if isinstance(k, bool) or not isinstance(k, int):
+            raise TypeError(f"`{name}` must contain ints >= 1, got {describe(k)} in {items!r}.")
+        if k < 1:
+            raise ValueError(f"`{name}` must contain ints >= 1, got {k} in {items!r}.")
+    if not items and not allow_empty:
+        raise ValueError(f"`{name}` must not be empty, got {items!r}.")
+    return tuple(sorted(set(items)))
+
+
+def check_fractions(name: str, values: float | Iterable[float]) -> tuple[float, ...]:
+    """Normalise a fraction or a collection of fractions in [0, 1] to a tuple (order kept)."""
+    if isinstance(values, (int, float)) and not isinstance(values, bool):
+        values = (values,)
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise TypeError(f"`{name}` must be a number or a tuple of numbers in [0, 1], got {describe(values)}.")
+    items = tuple(values)
+    for f in items:
+        if isinstance(f, bool) or not isinstance(f, (int, float)):
+            raise TypeError(f"`{name}` must contain numbers in [0, 1], got {describe(f)} in {items!r}.")
+        if not (0.0 <= f <= 1.0) or math.isnan(f):
+            raise ValueError(f"`{name}` must contain numbers in [0, 1], got {f} in {items!r}.")
+    return items
+
+
+def check_choice(name: str, value: Any, choices: Sequence[Any]) -> Any:
+    """Return ``value`` if it is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"`{name}` must be one of {tuple(choices)!r}, got {value!r}.")
+    return value
+
+
+def check_embeddings(name: str, value: Any, *, allow_empty: bool = False) -> Tensor:
+    """A 2-D floating tensor with finite values, at least one column (and one row unless allowed)."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"`{name}` must be a torch.Tensor of shape (N, D), got {describe(value)}.")
+    if value.ndim != 2:
+        raise ValueError(f"`{name}` must be 2-D of shape (N, D), got {describe(value)}.")
+    if not value.is_floating_point():
+        raise TypeError(f"`{name}` must have a floating dtype, got {describe(value)}.")
+    if value.shape[1] == 0:
+        raise ValueError(f"`{name}` must have at least one column, got {describe(value)}.")
+    if value.shape[0] == 0 and not allow_empty:
+        raise ValueError(f"`{name}` must have at least one row, got {describe(value)}.")
+    if not bool(torch.isfinite(value).all()):
+        n_bad = int((~torch.isfinite(value)).any(dim=1).sum())
+        raise ValueError(f"`{name}` must be finite, got NaN or inf in {n_bad} row(s) of {describe(value)}.")
+    return value
+
+
+def check_labels(name: str, value: Any, n_rows: int, rows_name: str) -> Tensor:
+    """Labels: a 1-D or 2-D tensor with ``n_rows`` rows, any dtype (no casting)."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"`{name}` must be a torch.Tensor of shape (N,) or (N, L), got {describe(value)}.")
+    if value.ndim not in (1, 2):
+        raise ValueError(f"`{name}` must be 1-D or 2-D, got {describe(value)}.")
+    check_same_length(name, value, n_rows, rows_name)
+    if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+        raise ValueError(f"`{name}` must be finite, got NaN or inf in {describe(value)}.")
+    return value
+
+
+def check_mask(name: str, value: Any, n_rows: int, rows_name: str) -> Tensor:
+    """A 1-D bool tensor with one entry per row."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"`{name}` must be a bool torch.Tensor of shape (N,), got {describe(value)}.")
+    if value.dtype != torch.bool:
+        raise TypeError(f"`{name}` must have dtype torch.bool, got {describe(value)}.")
+    if value.ndim != 1:
+        raise ValueError(f"`{name}` must be 1-D, got {describe(value)}.")
+    check_same_length(name, value, n_rows, rows_name)
+    return value
+
+
+def check_same_length(name: str, value: Tensor, n_rows: int, rows_name: str) -> None:
+    """``value`` must have ``n_rows`` rows, as ``rows_name`` has."""
+    if value.shape[0] != n_rows:
+        raise ValueError(f"`{name}` must have {n_rows} rows like `{rows_name}`, got {describe(value)}.")

@@ -1,0 +1,191 @@
+"""Turn the user's description of a retrieval problem into one query set and one gallery set.
+
+Two ways to describe it, as in ``retrieval_metrics``:
+
+* ``gallery=None``: the first pair of arguments is the whole set; ``is_query`` / ``is_gallery``
+  (missing = all True) pick the queries and the gallery items. A sample that is both is
+  excluded from its own gallery *by position* (``self_index``), never by comparing vectors.
+* ``gallery`` given: two disjoint sets; no self exclusion.
+
+Per-sample ``sequence_ids``, ``search_groups`` and ``categories`` follow the same rule: with
+``gallery=None`` one tensor for the whole set, otherwise a ``(query_side, gallery_side)`` pair
+(``categories`` only concern queries, so with a separate gallery it is a query-side tensor).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from torchmetrics_retrieval.functional._checks import (
+    check_embeddings,
+    check_labels,
+    check_mask,
+    check_same_length,
+    describe,
+)
+
+__all__ = ["QueryGallery", "PairedIds", "split_query_gallery"]
+
+PairedIds = Tensor | tuple[Tensor, Tensor]
+
+
+class QueryGallery(NamedTuple):
+    """A retrieval problem in canonical form.
+
+    Attributes:
+        query: ``(Q, D)`` query embeddings.
+        query_labels: ``(Q,)`` or ``(Q, L)`` labels of the queries.
+        gallery: ``(G, D)`` gallery embeddings.
+        gallery_labels: ``(G,)`` or ``(G, L)`` labels of the gallery items.
+        self_index: ``(Q,)`` int64: position of each query inside the gallery, -1 if it is not there.
+        query_positions: ``(Q,)`` int64 positions of the queries in the input set.
+        gallery_positions: ``(G,)`` int64 positions of the gallery items in the input set.
+        sequence_ids: ``(query_side, gallery_side)`` or None.
+        search_groups: ``(query_side, gallery_side)`` or None.
+        query_categories: ``(Q,)`` categories of the queries or None.
+    """
+
+    query: Tensor
+    query_labels: Tensor
+    gallery: Tensor
+    gallery_labels: Tensor
+    self_index: Tensor
+    query_positions: Tensor
+    gallery_positions: Tensor
+    sequence_ids: tuple[Tensor, Tensor] | None
+    search_groups: tuple[Tensor, Tensor] | None
+    query_categories: Tensor | None
+
+
+def _check_ids(name: str, value: Tensor, n_rows: int, rows_name: str) -> Tensor:
+    if not isinstance(value, Tensor):
+        raise TypeError(f"`{name}` must be a 1-D torch.Tensor, got {describe(value)}.")
+    if value.ndim != 1:
+        raise ValueError(f"`{name}` must be 1-D, got {describe(value)}.")
+    check_same_length(name, value, n_rows, rows_name)
+    return value
+
+
+def _split_ids(
+    name: str, value: PairedIds | None, query_rows: Tensor, gallery_rows: Tensor, n: int
+) -> tuple[Tensor, Tensor] | None:
+    if value is None:
+        return None
+    if isinstance(value, tuple):
+        raise TypeError(f"`{name}` must be one tensor for the whole set when `gallery` is None, got a tuple.")
+    _check_ids(name, value, n, "embeddings")
+    return value[query_rows], value[gallery_rows]
+
+
+def _paired_ids(name: str, value: PairedIds | None, n_query: int, n_gallery: int) -> tuple[Tensor, Tensor] | None:
+    if value is None:
+        return None
+    if not (isinstance(value, tuple) and len(value) == 2):
+        raise TypeError(
+            f"`{name}` must be a (query_side, gallery_side) pair of tensors when `gallery` is given, "
+            f"got {describe(value)}."
+        )
+    query_side = _check_ids(f"{name}[0]", value[0], n_query, "query")
+    gallery_side = _check_ids(f"{name}[1]", value[1], n_gallery, "gallery")
+    return query_side, gallery_side
+
+
+def split_query_gallery(
+    query: Tensor,
+    query_labels: Tensor,
+    gallery: Tensor | None = None,
+    gallery_labels: Tensor | None = None,
+    *,
+    is_query: Tensor | None = None,
+    is_gallery: Tensor | None = None,
+    sequence_ids: PairedIds | None = None,
+    search_groups: PairedIds | None = None,
+    categories: Tensor | None = None,
+) -> QueryGallery:
+    """Validate the inputs and return the canonical :class:`QueryGallery`.
+
+    Raises:
+        TypeError, ValueError: naming the argument and the value, for any malformed input, an
+            empty query set or an empty gallery.
+
+    Example:
+        >>> x = torch.tensor([[0.0], [1.0], [3.0]])
+        >>> qg = split_query_gallery(x, torch.tensor([0, 0, 1]), is_query=torch.tensor([True, False, True]))
+        >>> qg.query.shape, qg.gallery.shape, qg.self_index.tolist()
+        (torch.Size([2, 1]), torch.Size([3, 1]), [0, 2])
+    """
+    check_embeddings("query" if gallery is not None else "embeddings", query)
+    n = query.shape[0]
+    if gallery is None:
+        if gallery_labels is not None:
+            raise ValueError("`gallery_labels` must be None when `gallery` is None, got a tensor.")
+        check_labels("query_labels" if is_query is None else "labels", query_labels, n, "embeddings")
+        query_rows = torch.ones(n, dtype=torch.bool, device=query.device)
+        gallery_rows = torch.ones(n, dtype=torch.bool, device=query.device)
+        if is_query is not None:
+            query_rows = check_mask("is_query", is_query, n, "embeddings").to(query.device)
+        if is_gallery is not None:
+            gallery_rows = check_mask("is_gallery", is_gallery, n, "embeddings").to(query.device)
+        query_positions = torch.nonzero(query_rows).flatten()
+        gallery_positions = torch.nonzero(gallery_rows).flatten()
+        if query_positions.numel() == 0:
+            raise ValueError("`is_query` must select at least one sample, got none.")
+        if gallery_positions.numel() == 0:
+            raise ValueError("`is_gallery` must select at least one sample, got none.")
+        position_in_gallery = torch.full((n,), -1, dtype=torch.long, device=query.device)
+        position_in_gallery[gallery_positions] = torch.arange(gallery_positions.numel(), device=query.device)
+        self_index = position_in_gallery[query_positions]
+        seq = _split_ids("sequence_ids", sequence_ids, query_positions, gallery_positions, n)
+        groups = _split_ids("search_groups", search_groups, query_positions, gallery_positions, n)
+        query_categories = None
+        if categories is not None:
+            query_categories = _check_ids("categories", categories, n, "embeddings")[query_positions]
+        return QueryGallery(
+            query=query[query_positions],
+            query_labels=query_labels[query_positions],
+            gallery=query[gallery_positions],
+            gallery_labels=query_labels[gallery_positions],
+            self_index=self_index,
+            query_positions=query_positions,
+            gallery_positions=gallery_positions,
+            sequence_ids=seq,
+            search_groups=groups,
+            query_categories=query_categories,
+        )
+
+    if is_query is not None or is_gallery is not None:
+        raise ValueError("`is_query` and `is_gallery` must be None when `gallery` is given (the sets are separate).")
+    check_labels("query_labels", query_labels, n, "query")
+    check_embeddings("gallery", gallery)
+    if gallery_labels is None:
+        raise ValueError("`gallery_labels` must be given with `gallery`, got None.")
+    n_gallery = gallery.shape[0]
+    check_labels("gallery_labels", gallery_labels, n_gallery, "gallery")
+    if gallery.shape[1] != query.shape[1]:
+        raise ValueError(
+            f"`gallery` must have {query.shape[1]} columns like `query`, got {describe(gallery)}."
+        )
+    if gallery_labels.shape[1:] != query_labels.shape[1:]:
+        raise ValueError(
+            f"`gallery_labels` must have the label shape {tuple(query_labels.shape[1:])} of `query_labels`, "
+            f"got {describe(gallery_labels)}."
+        )
+    query_categories = None
+    if categories is not None:
+        query_categories = _check_ids("categories", categories, n, "query")
+    device = query.device
+    return QueryGallery(
+        query=query,
+        query_labels=query_labels,
+        gallery=gallery.to(device),
+        gallery_labels=gallery_labels.to(device),
+        self_index=torch.full((n,), -1, dtype=torch.long, device=device),
+        query_positions=torch.arange(n, device=device),
+        gallery_positions=torch.arange(n_gallery, device=device),
+        sequence_ids=_paired_ids("sequence_ids", sequence_ids, n, n_gallery),
+        search_groups=_paired_ids("search_groups", search_groups, n, n_gallery),
+        query_categories=query_categories,
+    )
