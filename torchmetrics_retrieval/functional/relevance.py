@@ -1,0 +1,173 @@
+"""Which retrieved items are relevant to their query, and how many relevant items each query has.
+
+Relevance is decided by the labels. By default two samples match when their whole label rows are
+equal (1-D labels: the values; 2-D labels: every column), compared in the labels' own dtype, so
+int64 labels above 2**24 never collide. A custom ``label_comparison_fn`` follows
+pytorch-metric-learning's convention: it is called on broadcast tensors,
+``fn(query_labels[:, None], gallery_labels[None, :])`` (2-D labels keep their last dimension), and
+must return a bool tensor of the broadcast shape (without the label dimension).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from torchmetrics_retrieval.functional._checks import describe
+
+__all__ = ["LabelComparisonFn", "count_relevant", "label_match", "relevance_matrix"]
+
+LabelComparisonFn = Callable[[Tensor, Tensor], Tensor]
+
+_DEFAULT_CHUNK_PAIRS = 1 << 24  # label pairs compared at once by the block-wise counting of a custom fn
+
+
+def _checked_match(result: Tensor, shape: tuple[int, ...]) -> Tensor:
+    if not isinstance(result, Tensor) or result.dtype != torch.bool:
+        raise TypeError(f"`label_comparison_fn` must return a bool tensor, got {describe(result)}.")
+    if tuple(result.shape) != shape:
+        raise ValueError(
+            f"`label_comparison_fn` must return a tensor of shape {shape} for these inputs, got {describe(result)}."
+        )
+    return result
+
+
+def label_match(
+    query_labels: Tensor, gallery_labels: Tensor, label_comparison_fn: LabelComparisonFn | None = None
+) -> Tensor:
+    """All-pairs label match of a block of queries against a block of gallery items.
+
+    Args:
+        query_labels: ``(q,)`` or ``(q, L)`` labels.
+        gallery_labels: ``(g,)`` or ``(g, L)`` labels, same trailing shape and a comparable dtype.
+        label_comparison_fn: optional custom comparison (see the module docstring).
+
+    Returns:
+        ``(q, g)`` bool tensor, True where the gallery item is relevant to the query.
+
+    Example:
+        >>> label_match(torch.tensor([1, 2]), torch.tensor([2, 2, 1]))
+        tensor([[False, False,  True],
+                [ True,  True, False]])
+    """
+    shape = (query_labels.shape[0], gallery_labels.shape[0])
+    if label_comparison_fn is not None:
+        return _checked_match(label_comparison_fn(query_labels[:, None], gallery_labels[None, :]), shape)
+    match = query_labels[:, None] == gallery_labels[None, :]
+    return match.all(dim=-1) if query_labels.ndim == 2 else match
+
+
+def relevance_matrix(
+    query_labels: Tensor,
+    gallery_labels: Tensor,
+    indices: Tensor,
+    valid: Tensor | None = None,
+    label_comparison_fn: LabelComparisonFn | None = None,
+) -> Tensor:
+    """The ``(Q, K)`` hit matrix of a retrieval: is the k-th neighbour of query q relevant?
+
+    Args:
+        query_labels: ``(Q,)`` or ``(Q, L)`` labels of the queries.
+        gallery_labels: ``(G,)`` or ``(G, L)`` labels of the gallery.
+        indices: ``(Q, K)`` gallery positions of the retrieved items.
+        valid: optional ``(Q, K)`` bool; invalid slots are never relevant.
+        label_comparison_fn: optional custom comparison, called as ``fn(query_labels[:, None], retrieved_labels)``.
+
+    Example:
+        >>> relevance_matrix(torch.tensor([1, 2]), torch.tensor([2, 2, 1]), torch.tensor([[2, 0], [1, 2]]))
+        tensor([[ True, False],
+                [ True, False]])
+    """
+    retrieved = gallery_labels[indices]
+    if label_comparison_fn is not None:
+        hits = _checked_match(label_comparison_fn(query_labels[:, None], retrieved), tuple(indices.shape))
+    else:
+        hits = query_labels[:, None] == retrieved
+        hits = hits.all(dim=-1) if query_labels.ndim == 2 else hits
+    return hits & valid if valid is not None else hits
+
+
+def _encode_rows(*columns: Tensor) -> Tensor:
+    """Map rows made of the given columns (1-D or 2-D each, same length) to dense int64 ids."""
+    parts = [c.reshape(c.shape[0], -1) for c in columns]
+    if len(parts) == 1 and parts[0].shape[1] == 1:
+        return torch.unique(parts[0][:, 0], return_inverse=True)[1]
+    if any(p.dtype != parts[0].dtype for p in parts):
+        # Encode each column on its own first: ids are int64, so no value is ever cast to another dtype.
+        parts = [_encode_rows(p)[:, None] for p in parts]
+    return torch.unique(torch.cat(parts, dim=1), dim=0, return_inverse=True)[1]
+
+
+def _count_relevant_by_equality(
+    query_labels: Tensor,
+    gallery_labels: Tensor,
+    self_index: Tensor,
+    sequence_ids: tuple[Tensor, Tensor] | None,
+    search_groups: tuple[Tensor, Tensor] | None,
+) -> Tensor:
+    """Exact counts for the default comparison by sorting-based encoding (no pair is ever formed)."""
+    n_query = query_labels.shape[0]
+    columns = [torch.cat([query_labels, gallery_labels])]
+    if search_groups is not None:
+        columns.append(torch.cat(search_groups))
+    key = _encode_rows(*columns)
+    query_key, gallery_key = key[:n_query], key[n_query:]
+    counts = torch.bincount(gallery_key, minlength=int(key.max()) + 1)[query_key]
+    if sequence_ids is not None:
+        # Items of the query's own sequence are not in its gallery; the query itself is one of them.
+        key_seq = _encode_rows(key, torch.cat(sequence_ids))
+        counts = counts - torch.bincount(key_seq[n_query:], minlength=int(key_seq.max()) + 1)[key_seq[:n_query]]
+    else:
+        counts = counts - (self_index >= 0).long()
+    return counts
+
+
+def count_relevant(
+    query_labels: Tensor,
+    gallery_labels: Tensor,
+    *,
+    self_index: Tensor | None = None,
+    sequence_ids: tuple[Tensor, Tensor] | None = None,
+    search_groups: tuple[Tensor, Tensor] | None = None,
+    label_comparison_fn: LabelComparisonFn | None = None,
+) -> Tensor:
+    """n(q): the number of relevant items in the gallery of each query, G(q).
+
+    G(q) is the gallery minus the query itself (``self_index[q]``, its gallery position or -1),
+    minus items sharing its sequence id, restricted to its search group (DESIGN.md section 3).
+    With the default comparison the counts come from a sort-based encoding of the labels (no
+    query x gallery pairs); a custom ``label_comparison_fn`` is evaluated block by block.
+
+    Returns:
+        ``(Q,)`` int64 counts.
+
+    Example:
+        >>> labels = torch.tensor([7, 7, 7, 3])
+        >>> count_relevant(labels, labels, self_index=torch.arange(4)).tolist()
+        [2, 2, 2, 0]
+    """
+    n_query = query_labels.shape[0]
+    if self_index is None:
+        self_index = torch.full((n_query,), -1, dtype=torch.long, device=query_labels.device)
+    if label_comparison_fn is None:
+        return _count_relevant_by_equality(query_labels, gallery_labels, self_index, sequence_ids, search_groups)
+
+    n_gallery = gallery_labels.shape[0]
+    counts = torch.zeros(n_query, dtype=torch.long, device=query_labels.device)
+    rows = max(1, min(n_query, _DEFAULT_CHUNK_PAIRS // max(1, n_gallery)))
+    cols = max(1, min(n_gallery, _DEFAULT_CHUNK_PAIRS // rows))
+    gallery_positions = torch.arange(n_gallery, device=query_labels.device)
+    for q0 in range(0, n_query, rows):
+        q1 = min(q0 + rows, n_query)
+        for g0 in range(0, n_gallery, cols):
+            g1 = min(g0 + cols, n_gallery)
+            match = label_match(query_labels[q0:q1], gallery_labels[g0:g1], label_comparison_fn)
+            match &= self_index[q0:q1, None] != gallery_positions[None, g0:g1]
+            if sequence_ids is not None:
+                match &= sequence_ids[0][q0:q1, None] != sequence_ids[1][None, g0:g1]
+            if search_groups is not None:
+                match &= search_groups[0][q0:q1, None] == search_groups[1][None, g0:g1]
+            counts[q0:q1] += match.sum(dim=1)
+    return counts
