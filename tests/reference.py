@@ -1,0 +1,149 @@
+"""A slow, obviously-correct reference of DESIGN.md section 3, written with plain Python loops.
+
+It shares no code with the package: distances are computed pair by pair in float64, each query's
+gallery is built and sorted explicitly, and every metric is its textbook formula.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+def pair_distance(q: Tensor, g: Tensor, distance: str) -> float:
+    q64, g64 = q.double(), g.double()
+    if distance == "euclidean":
+        return math.sqrt(float(((q64 - g64) ** 2).sum()))
+    if distance == "sqeuclidean":
+        return float(((q64 - g64) ** 2).sum())
+    if distance == "cosine":
+        return 1.0 - float((q64 / q64.norm()) @ (g64 / g64.norm()))
+    if distance == "dot":
+        return -float(q64 @ g64)
+    raise ValueError(distance)
+
+
+def labels_match(a: Tensor, b: Tensor, fn: Callable[[Tensor, Tensor], Tensor] | None) -> bool:
+    if fn is not None:
+        return bool(fn(a[None, None], b[None, None]).reshape(-1)[0])
+    return bool(torch.equal(a, b))
+
+
+@dataclass
+class QueryRanking:
+    """The full ranking of one query: gallery positions, distances, relevance, in rank order."""
+
+    positions: list[int]
+    distances: list[float]
+    relevant: list[bool]
+
+    @property
+    def n_relevant(self) -> int:
+        return sum(self.relevant)
+
+
+def rankings(
+    query: Tensor,
+    query_labels: Tensor,
+    gallery: Tensor,
+    gallery_labels: Tensor,
+    *,
+    self_index: Sequence[int] | None = None,
+    sequence_ids: tuple[Tensor, Tensor] | None = None,
+    search_groups: tuple[Tensor, Tensor] | None = None,
+    distance: str = "euclidean",
+    label_comparison_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
+) -> list[QueryRanking]:
+    """Full ranking of every query: G(q) sorted by (distance rounded to the query dtype, position)."""
+    result = []
+    for q in range(query.shape[0]):
+        items = []
+        for g in range(gallery.shape[0]):
+            if self_index is not None and self_index[q] == g:
+                continue
+            if sequence_ids is not None and sequence_ids[0][q] == sequence_ids[1][g]:
+                continue
+            if search_groups is not None and search_groups[0][q] != search_groups[1][g]:
+                continue
+            d = float(torch.tensor(pair_distance(query[q], gallery[g], distance), dtype=query.dtype))
+            items.append((d, g, labels_match(query_labels[q], gallery_labels[g], label_comparison_fn)))
+        items.sort(key=lambda item: (item[0], item[1]))
+        result.append(QueryRanking([i[1] for i in items], [i[0] for i in items], [i[2] for i in items]))
+    return result
+
+
+def leave_one_out(x: Tensor, labels: Tensor, **kwargs: object) -> list[QueryRanking]:
+    return rankings(x, labels, x, labels, self_index=list(range(x.shape[0])), **kwargs)  # type: ignore[arg-type]
+
+
+# ---- per-query metric values, literally as in DESIGN.md section 3 -------------------------------------------------
+
+
+def _precision_at(rel: list[bool], i: int) -> float:
+    return sum(rel[:i]) / i
+
+
+def cmc(r: QueryRanking, k: int) -> float:
+    return float(any(r.relevant[:k]))
+
+
+def precision(r: QueryRanking, k: int, mode: str = "min_k_n") -> float:
+    denominator = min(k, r.n_relevant) if mode == "min_k_n" else min(k, len(r.relevant))
+    return sum(r.relevant[:k]) / denominator if denominator else 0.0
+
+
+def recall(r: QueryRanking, k: int) -> float:
+    return sum(r.relevant[:k]) / r.n_relevant if r.n_relevant else 0.0
+
+
+def map_at_k(r: QueryRanking, k: int) -> float:
+    hits = sum(r.relevant[:k])
+    if hits == 0:
+        return 0.0
+    return sum(_precision_at(r.relevant, i + 1) for i in range(min(k, len(r.relevant))) if r.relevant[i]) / hits
+
+
+def average_precision(r: QueryRanking) -> float:
+    if r.n_relevant == 0:
+        return 0.0
+    return sum(_precision_at(r.relevant, i + 1) for i in range(len(r.relevant)) if r.relevant[i]) / r.n_relevant
+
+
+def map_at_r(r: QueryRanking) -> float:
+    big_r = r.n_relevant
+    if big_r == 0:
+        return 0.0
+    return sum(_precision_at(r.relevant, i + 1) for i in range(big_r) if r.relevant[i]) / big_r
+
+
+def r_precision(r: QueryRanking) -> float:
+    return sum(r.relevant[: r.n_relevant]) / r.n_relevant if r.n_relevant else 0.0
+
+
+def reciprocal_rank(r: QueryRanking) -> float:
+    for i, rel in enumerate(r.relevant):
+        if rel:
+            return 1.0 / (i + 1)
+    return 0.0
+
+
+def ndcg(r: QueryRanking, k: int) -> float:
+    gain = sum(1.0 / math.log2(i + 2) for i in range(min(k, len(r.relevant))) if r.relevant[i])
+    ideal = sum(1.0 / math.log2(i + 2) for i in range(min(k, r.n_relevant)))
+    return gain / ideal if ideal else 0.0
+
+
+def mean_over(values: list[float], rankings_: list[QueryRanking], action: str = "skip") -> float:
+    """Average of per-query values under ``empty_target_action``."""
+    kept = []
+    for value, r in zip(values, rankings_, strict=True):
+        if r.n_relevant == 0:
+            if action == "skip":
+                continue
+            value = 0.0 if action == "neg" else 1.0
+        kept.append(value)
+    return sum(kept) / len(kept) if kept else float("nan")

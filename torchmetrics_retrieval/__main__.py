@@ -1,0 +1,5 @@
+"""``python -m torchmetrics_retrieval`` runs the command line."""
+
+from torchmetrics_retrieval.cli import main
+
+raise SystemExit(main())

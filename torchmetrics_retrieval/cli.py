@@ -1,0 +1,149 @@
+"""Command line: ``torchmetrics-retrieval demo`` and ``torchmetrics-retrieval evaluate``.
+
+``demo`` evaluates retrieval on real data that ships with scikit-learn (``load_digits``: 1797
+8x8 images of handwritten digits, each image's 64 pixels used as its embedding) and prints a table.
+``evaluate`` does the same for embeddings and labels saved on disk (``.npy``, ``.npz`` or ``.pt``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from torchmetrics_retrieval.functional.retrieval import retrieval_metrics
+
+__all__ = ["main"]
+
+
+def _load_array(path: str, name: str) -> Tensor:
+    """A tensor from ``.npy``, ``.npz`` (its only or first array) or ``.pt`` (a saved tensor)."""
+    file = Path(path)
+    if not file.is_file():
+        raise SystemExit(f"error: {name} file not found: {path}")
+    if file.suffix == ".pt":
+        value = torch.load(file, map_location="cpu", weights_only=True)
+        if not isinstance(value, Tensor):
+            raise SystemExit(f"error: {name} file {path} must hold a tensor, got {type(value).__name__}")
+        return value
+    if file.suffix in (".npy", ".npz"):
+        loaded = np.load(file, allow_pickle=False)
+        array = loaded[loaded.files[0]] if isinstance(loaded, np.lib.npyio.NpzFile) else loaded
+        return torch.from_numpy(np.ascontiguousarray(array))
+    raise SystemExit(f"error: {name} file must end in .npy, .npz or .pt, got {path}")
+
+
+def _metric_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "cmc_top_k": tuple(args.cmc),
+        "precision_top_k": tuple(args.precision),
+        "map_top_k": tuple(args.map),
+        "map_at_r": True,
+        "r_precision": True,
+        "mrr": True,
+        "map_full": args.map_full,
+        "fmr_vals": tuple(args.fmr),
+        "pcf_variance": tuple(args.pcf),
+        "clustering": args.clustering,
+        "distance": args.distance,
+        "normalize": args.normalize,
+        "knn_backend": args.backend,
+    }
+
+
+def _print_table(title: str, metrics: dict[str, Tensor], seconds: float, out: Any) -> None:
+    width = max(len(key) for key in metrics)
+    print(title, file=out)
+    print(f"{'metric'.ljust(width)}  value", file=out)
+    print(f"{'-' * width}  ------", file=out)
+    for key, value in metrics.items():
+        print(f"{key.ljust(width)}  {float(value):.4f}", file=out)
+    print(f"({len(metrics)} metrics in {seconds:.2f} s)", file=out)
+
+
+def _run(title: str, embeddings: Tensor, labels: Tensor, args: argparse.Namespace, **sets: Any) -> int:
+    start = time.perf_counter()
+    metrics = retrieval_metrics(embeddings.float(), labels, **sets, **_metric_options(args))
+    seconds = time.perf_counter() - start
+    if args.json:
+        print(json.dumps({key: float(value) for key, value in metrics.items()}, indent=2))
+    else:
+        _print_table(title, metrics, seconds, sys.stdout)
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    embeddings = torch.from_numpy(digits.data.astype(np.float32))
+    labels = torch.from_numpy(digits.target.astype(np.int64))
+    title = (
+        f"Retrieval on scikit-learn's digits: {embeddings.shape[0]} images as {embeddings.shape[1]}-d raw-pixel "
+        f"embeddings, {labels.unique().numel()} classes, every image a query against all the others "
+        f"({args.distance} distance)."
+    )
+    return _run(title, embeddings, labels, args)
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    embeddings = _load_array(args.embeddings, "embeddings")
+    labels = _load_array(args.labels, "labels")
+    sets: dict[str, Any] = {}
+    if args.gallery is not None:
+        if args.gallery_labels is None:
+            raise SystemExit("error: --gallery needs --gallery-labels")
+        sets = {"gallery": _load_array(args.gallery, "gallery").float(), "gallery_labels": _load_array(
+            args.gallery_labels, "gallery labels"
+        )}
+    title = f"Retrieval on {args.embeddings}: {embeddings.shape[0]} queries" + (
+        f" against {args.gallery}" if args.gallery else " (leave-one-out)"
+    )
+    try:
+        return _run(title, embeddings, labels, args, **sets)
+    except (TypeError, ValueError) as error:
+        raise SystemExit(f"error: {error}") from error
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="torchmetrics-retrieval", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    demo = commands.add_parser("demo", help="evaluate retrieval on scikit-learn's bundled digits data")
+    evaluate = commands.add_parser("evaluate", help="evaluate embeddings saved on disk (.npy, .npz, .pt)")
+    evaluate.add_argument("embeddings", help="(N, D) query embeddings, or the whole set for leave-one-out")
+    evaluate.add_argument("labels", help="(N,) or (N, L) labels")
+    evaluate.add_argument("--gallery", help="(G, D) gallery embeddings (default: leave-one-out on the embeddings)")
+    evaluate.add_argument("--gallery-labels", help="(G,) or (G, L) gallery labels")
+    for sub in (demo, evaluate):
+        sub.add_argument("--cmc", type=int, nargs="*", default=[1, 5], help="cutoffs of cmc@k")
+        sub.add_argument("--precision", type=int, nargs="*", default=[5], help="cutoffs of precision@k")
+        sub.add_argument("--map", type=int, nargs="*", default=[5], help="cutoffs of map@k")
+        sub.add_argument("--map-full", action="store_true", help="also the full-ranking mean average precision")
+        sub.add_argument("--fmr", type=float, nargs="*", default=[0.1], help="FMR values for fnmr@fmr")
+        sub.add_argument("--pcf", type=float, nargs="*", default=[0.5], help="explained-variance fractions for pcf")
+        sub.add_argument("--clustering", action="store_true", help="also k-means NMI and AMI")
+        sub.add_argument("--distance", default="euclidean", choices=("euclidean", "sqeuclidean", "cosine", "dot"))
+        sub.add_argument("--normalize", action="store_true", help="L2-normalise the embeddings first")
+        sub.add_argument("--backend", default="auto", choices=("auto", "torch", "faiss"), help="kNN backend")
+        sub.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    demo.set_defaults(handler=_demo, map_full=True, clustering=True)
+    evaluate.set_defaults(handler=_evaluate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``torchmetrics-retrieval`` command."""
+    args = _parser().parse_args(argv)
+    return int(args.handler(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
