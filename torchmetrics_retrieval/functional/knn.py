@@ -10,8 +10,9 @@ Two public entry points:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor
@@ -151,9 +152,9 @@ def _block_sides(n_query: int, n_gallery: int, chunk_size: int | None, bytes_per
     return rows, max(cols, 1)
 
 
-def _prepare(x: Tensor, distance: str) -> tuple[Tensor, Tensor | None]:
-    """Rows in the compute dtype (unit rows for cosine) and their squared norms (Euclidean distances only)."""
-    x = x.to(_compute_dtype(x))
+def _prepare(x: Tensor, distance: str, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor | None]:
+    """Rows in ``dtype`` (default: the compute dtype; unit rows for cosine) and their squared norms (L2 only)."""
+    x = x.to(dtype or _compute_dtype(x))
     if distance == "cosine":
         return torch.nn.functional.normalize(x, dim=1), None
     if distance in ("euclidean", "sqeuclidean"):
@@ -261,6 +262,472 @@ def distance_blocks(
     return _iter_blocks(query, gallery, distance, exclusions, chunk_size)
 
 
+# ----------------------------------------------------------------------------------------------------------------------
+# knn: problem set-up
+# ----------------------------------------------------------------------------------------------------------------------
+
+#: Stage-1 candidates per query: ``K + max(MIN_MARGIN, K // MARGIN_DIVISOR)``.
+MIN_MARGIN = 8
+MARGIN_DIVISOR = 4
+#: Safety factor on the worst-case float32 rounding bound of the stage-1 keys.
+TOLERANCE_FACTOR = 2.0
+#: Rows and columns of a stage-1 block of the torch backend (measured with benchmarks/bench_knn.py).
+STAGE1_ROWS = 512
+STAGE1_COLUMNS = 8192
+#: Largest number of candidate pairs recomputed canonically at once (stage 2).
+STAGE2_PAIRS = 2**20
+#: Faiss GPU indexes cannot return more neighbours than this.
+FAISS_GPU_MAX_K = 2048
+
+
+class _Problem(NamedTuple):
+    """A validated kNN problem with the per-row data every stage needs."""
+
+    query: Tensor  # (Q, D) as given
+    gallery: Tensor  # (G, D) as given
+    distance: str
+    exclusions: _Exclusions
+    n_eligible: Tensor  # (Q,) int64: eligible gallery items of each query
+    query64: Tensor  # (Q, D) float64 (canonical stage)
+    gallery64: Tensor  # (G, D) float64
+    query_sq64: Tensor  # (Q,) canonical <q, q>
+    gallery_sq64: Tensor  # (G,) canonical <g, g>
+
+
+def _take_rows(exclusions: _Exclusions, rows: Tensor) -> _Exclusions:
+    """The exclusions of a subset of the queries."""
+    seq, groups = exclusions.sequence_ids, exclusions.search_groups
+    return _Exclusions(
+        self_index=None if exclusions.self_index is None else exclusions.self_index[rows],
+        sequence_ids=None if seq is None else (seq[0][rows], seq[1]),
+        search_groups=None if groups is None else (groups[0][rows], groups[1]),
+    )
+
+
+def _dense_ids(query_side: Tensor, gallery_side: Tensor) -> tuple[Tensor, Tensor, int]:
+    """Both sides of an id pair mapped to 0..U-1 (same id, same number), and U."""
+    unique, inverse = torch.unique(torch.cat([query_side, gallery_side]), return_inverse=True)
+    n_query = query_side.shape[0]
+    return inverse[:n_query], inverse[n_query:], unique.numel()
+
+
+def _same_id_count(query_ids: Tensor, gallery_ids: Tensor, n_ids: int) -> Tensor:
+    """For each query, the number of gallery items with the same dense id."""
+    return torch.bincount(gallery_ids, minlength=n_ids)[query_ids]
+
+
+def _count_eligible(exclusions: _Exclusions, n_query: int, n_gallery: int, device: torch.device) -> Tensor:
+    """Number of eligible gallery items of each query, ``(Q,)`` int64, without any ``(Q, G)`` matrix."""
+    count = torch.full((n_query,), n_gallery, dtype=torch.long, device=device)
+    group_q = group_g = seq_q = seq_g = None
+    if exclusions.search_groups is not None:
+        group_q, group_g, n_groups = _dense_ids(*exclusions.search_groups)
+        count = _same_id_count(group_q, group_g, n_groups)
+    if exclusions.sequence_ids is not None:
+        seq_q, seq_g, n_seq = _dense_ids(*exclusions.sequence_ids)
+        if group_q is not None and group_g is not None:  # same sequence *and* same group
+            count = count - _same_id_count(group_q * n_seq + seq_q, group_g * n_seq + seq_g, n_groups * n_seq)
+        else:
+            count = count - _same_id_count(seq_q, seq_g, n_seq)
+    if exclusions.self_index is not None:
+        own = exclusions.self_index
+        present = own >= 0
+        safe = own.clamp(min=0)
+        if seq_q is not None and seq_g is not None:
+            present &= seq_g[safe] != seq_q
+        if group_q is not None and group_g is not None:
+            present &= group_g[safe] == group_q
+        count = count - present.long()
+    return count
+
+
+def _canonical_dots(rows: Tensor, cols: Tensor, query64: Tensor, gallery64: Tensor) -> Tensor:
+    """``<query64[rows[i]], gallery64[cols[i]]>`` in float64, each pair computed on its own.
+
+    A sampled dense-dense product (one dot product per listed pair, no gathered copies): the value of a
+    pair does not depend on which other pairs are computed with it, so it is the same for every backend,
+    chunk size and query order.
+    """
+    n_pairs = rows.numel()
+    if n_pairs == 0:
+        return torch.zeros(0, dtype=torch.float64, device=query64.device)
+    order = torch.argsort(rows * gallery64.shape[0] + cols)
+    r, c = rows[order], cols[order]
+    crow = torch.zeros(query64.shape[0] + 1, dtype=torch.long, device=rows.device)
+    crow[1:] = torch.cumsum(torch.bincount(r, minlength=query64.shape[0]), 0)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*[Ss]parse.*")
+        pattern = torch.sparse_csr_tensor(
+            crow,
+            c,
+            torch.zeros(n_pairs, dtype=torch.float64, device=rows.device),
+            size=(query64.shape[0], gallery64.shape[0]),
+            check_invariants=False,
+        )
+        values = torch.sparse.sampled_addmm(pattern, query64, gallery64.T, beta=0.0).values()
+    out = torch.empty_like(values)
+    out[order] = values
+    return out
+
+
+def _self_dots(x64: Tensor) -> Tensor:
+    """``<x_i, x_i>`` by the same kernel as :func:`_canonical_dots` (so exact duplicates get distance 0)."""
+    idx = torch.arange(x64.shape[0], device=x64.device)
+    return _canonical_dots(idx, idx, x64, x64)
+
+
+def _make_problem(query: Tensor, gallery: Tensor, distance: str, exclusions: _Exclusions, same_set: bool) -> _Problem:
+    query64 = query.to(torch.float64)
+    gallery64 = query64 if same_set else gallery.to(torch.float64)
+    query_sq64 = _self_dots(query64)
+    gallery_sq64 = query_sq64 if same_set else _self_dots(gallery64)
+    if distance == "cosine":
+        for name, sq in (("query", query_sq64), ("gallery", gallery_sq64)):
+            if bool((sq == 0).any()):
+                raise ValueError(
+                    f"`{name}` must have no all-zero row with distance='cosine', got {int((sq == 0).sum())}."
+                )
+    n_eligible = _count_eligible(exclusions, query.shape[0], gallery.shape[0], query.device)
+    return _Problem(query, gallery, distance, exclusions, n_eligible, query64, gallery64, query_sq64, gallery_sq64)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# knn: stage 1, approximate candidates by a float32 ranking key
+# ----------------------------------------------------------------------------------------------------------------------
+#
+# The key of a pair ranks like the distance: ``|g|^2 - 2<q,g>`` (L2; |q|^2 is constant per query), ``-<q,g>``
+# (dot) and ``-<q/|q|, g/|g|>`` (cosine). A stage returns, per query, ``kp`` candidates (keys, gallery
+# positions, ok = a real eligible item) such that every eligible item that is not a candidate has a key
+# >= the largest candidate key.
+
+
+class _Candidates(NamedTuple):
+    keys: Tensor  # (R, kp) float, +inf where not ok
+    indices: Tensor  # (R, kp) int64
+    ok: Tensor  # (R, kp) bool
+
+
+class _TopBuffer:
+    """Running ``kp`` smallest keys of each row of a query chunk, filled block by block.
+
+    New keys are appended only where they are below the row's threshold ``tau`` (the ``kp``-th smallest
+    key at the last compaction, +inf before); the buffer is compacted by one ``topk`` when it is full.
+    """
+
+    def __init__(self, n_rows: int, kp: int, block_cols: int, device: torch.device) -> None:
+        self.kp = kp
+        self.width = kp + max(kp, block_cols)
+        self.keys = torch.full((n_rows, self.width), float("inf"), device=device)
+        self.indices = torch.zeros((n_rows, self.width), dtype=torch.long, device=device)
+        self.fill = torch.full((n_rows,), kp, dtype=torch.long, device=device)
+        self.tau = torch.full((n_rows,), float("inf"), device=device)
+
+    def add(self, keys: Tensor, col0: int) -> None:
+        if bool(torch.isinf(self.tau).any()):  # still filling up: merge the whole block
+            self._merge_dense(keys, col0)
+            return
+        selected = torch.nonzero((keys < self.tau[:, None]).view(-1)).squeeze(1)
+        if selected.numel() == 0:
+            return
+        n_cols = keys.shape[1]
+        rows = torch.div(selected, n_cols, rounding_mode="floor")
+        counts = torch.bincount(rows, minlength=keys.shape[0])
+        if int((self.fill + counts).max()) > self.width:
+            self.compact()
+        starts = torch.cumsum(counts, 0) - counts
+        slots = rows * self.width + self.fill[rows] + torch.arange(rows.numel(), device=rows.device) - starts[rows]
+        self.keys.view(-1)[slots] = keys.view(-1)[selected]
+        self.indices.view(-1)[slots] = selected - rows * n_cols + col0
+        self.fill += counts
+
+    def _merge_dense(self, keys: Tensor, col0: int) -> None:
+        used = int(self.fill.max())
+        columns = torch.arange(col0, col0 + keys.shape[1], device=keys.device).expand(keys.shape[0], -1)
+        merged_keys = torch.cat([self.keys[:, :used], keys], dim=1)
+        merged_indices = torch.cat([self.indices[:, :used], columns], dim=1)
+        self._keep_top(merged_keys, merged_indices)
+
+    def compact(self) -> None:
+        used = int(self.fill.max())
+        self._keep_top(self.keys[:, :used], self.indices[:, :used])
+
+    def _keep_top(self, keys: Tensor, indices: Tensor) -> None:
+        top = torch.topk(keys, self.kp, dim=1, largest=False, sorted=False)
+        self.indices[:, : self.kp] = indices.gather(1, top.indices)
+        self.keys[:, : self.kp] = top.values
+        self.keys[:, self.kp :] = float("inf")
+        self.fill.fill_(self.kp)
+        self.tau = top.values.max(dim=1).values
+
+    def result(self) -> _Candidates:
+        self.compact()
+        keys = self.keys[:, : self.kp]
+        return _Candidates(keys, self.indices[:, : self.kp], torch.isfinite(keys))
+
+
+def _mask_excluded_(keys: Tensor, cols: slice, exclusions: _Exclusions) -> None:
+    """Set the keys of the excluded pairs of a ``(rows, cols)`` block (rows = all rows of ``exclusions``) to +inf."""
+    if exclusions.sequence_ids is not None:
+        same = exclusions.sequence_ids[0][:, None] == exclusions.sequence_ids[1][None, cols]
+        keys.masked_fill_(same, float("inf"))
+    if exclusions.search_groups is not None:
+        other = exclusions.search_groups[0][:, None] != exclusions.search_groups[1][None, cols]
+        keys.masked_fill_(other, float("inf"))
+    if exclusions.self_index is not None:
+        own = exclusions.self_index
+        rows = torch.nonzero((own >= cols.start) & (own < cols.stop)).flatten()
+        keys[rows, own[rows] - cols.start] = float("inf")
+
+
+class _TorchStage:
+    """Stage 1 on the tensors' device: blocked ``addmm`` keys, threshold filter, running top-``kp``."""
+
+    def __init__(self, problem: _Problem, chunk_size: int | None) -> None:
+        self.problem = problem
+        gallery, gallery_sq = _prepare(problem.gallery, problem.distance, torch.float32)
+        self.gallery = gallery
+        self.bias = gallery_sq if gallery_sq is not None else torch.zeros_like(gallery[:, 0])
+        self.alpha = -2.0 if gallery_sq is not None else -1.0
+        self.rows = min(STAGE1_ROWS, chunk_size or STAGE1_ROWS)
+        self.cols = min(STAGE1_COLUMNS, chunk_size or STAGE1_COLUMNS, gallery.shape[0])
+
+    def __call__(self, rows: Tensor, kp: int) -> _Candidates:
+        parts = []
+        for start in range(0, rows.numel(), self.rows):
+            chunk = rows[start : start + self.rows]
+            query, _ = _prepare(self.problem.query[chunk], self.problem.distance, torch.float32)
+            parts.append(self._search(query, _take_rows(self.problem.exclusions, chunk), kp))
+        return _Candidates(*(torch.cat(p) for p in zip(*parts, strict=True)))
+
+    def _search(self, query: Tensor, exclusions: _Exclusions, kp: int) -> _Candidates:
+        n_gallery = self.gallery.shape[0]
+        buffer = _TopBuffer(query.shape[0], kp, self.cols, query.device)
+        for col0 in range(0, n_gallery, self.cols):
+            cols = slice(col0, min(col0 + self.cols, n_gallery))
+            keys = torch.addmm(self.bias[None, cols], query, self.gallery[cols].T, alpha=self.alpha)
+            _mask_excluded_(keys, cols, exclusions)
+            buffer.add(keys, col0)
+        return buffer.result()
+
+
+def _faiss_module() -> Any:
+    try:
+        import faiss  # optional dependency, imported lazily
+    except ImportError as error:  # pragma: no cover - faiss-cpu is a dependency
+        raise ImportError("backend='faiss' needs faiss: `pip install faiss-cpu` (or faiss-gpu).") from error
+    return faiss
+
+
+class _FaissStage:
+    """Stage 1 with a faiss flat index (exact search in float32), excluded items dropped afterwards.
+
+    Faiss cannot exclude items during the search, so it fetches ``kp`` plus the largest number of excluded
+    items of any query, and the excluded ones are removed from its answer.
+    """
+
+    def __init__(self, problem: _Problem, *, use_gpu: bool) -> None:
+        faiss = _faiss_module()
+        self.problem = problem
+        gallery, gallery_sq = _prepare(problem.gallery, problem.distance, torch.float32)
+        self.l2 = gallery_sq is not None
+        index = faiss.IndexFlatL2(gallery.shape[1]) if self.l2 else faiss.IndexFlatIP(gallery.shape[1])
+        index.add(gallery.detach().cpu().contiguous().numpy())
+        self.index = faiss.index_cpu_to_all_gpus(index) if use_gpu else index
+        self.n_excluded = problem.gallery.shape[0] - problem.n_eligible
+
+    def __call__(self, rows: Tensor, kp: int) -> _Candidates:
+        problem = self.problem
+        n_gallery = problem.gallery.shape[0]
+        n_fetch = min(n_gallery, kp + int(self.n_excluded[rows].max()))
+        query, _ = _prepare(problem.query[rows], problem.distance, torch.float32)
+        values_np, labels_np = self.index.search(query.detach().cpu().contiguous().numpy(), n_fetch)
+        device = rows.device
+        labels = torch.from_numpy(labels_np).to(device)
+        values = torch.from_numpy(values_np).to(device, torch.float64)
+        # faiss gives |q - g|^2 (L2) or <q, g> (IP); the key drops |q|^2 / negates the similarity.
+        keys = values - problem.query_sq64[rows][:, None] if self.l2 else -values
+        found = labels >= 0
+        labels = labels.clamp(min=0)
+        keys = keys.masked_fill(~found | ~_pair_eligible(_take_rows(problem.exclusions, rows), labels), float("inf"))
+        top = torch.topk(keys, min(kp, n_fetch), dim=1, largest=False)
+        return _Candidates(top.values, labels.gather(1, top.indices), torch.isfinite(top.values))
+
+
+def _pair_eligible(exclusions: _Exclusions, indices: Tensor) -> Tensor:
+    """Eligibility of the pairs (row r, gallery item ``indices[r, j]``), ``(R, n)`` bool."""
+    eligible = torch.ones_like(indices, dtype=torch.bool)
+    if exclusions.self_index is not None:
+        eligible &= indices != exclusions.self_index[:, None]
+    if exclusions.sequence_ids is not None:
+        eligible &= exclusions.sequence_ids[1][indices] != exclusions.sequence_ids[0][:, None]
+    if exclusions.search_groups is not None:
+        eligible &= exclusions.search_groups[1][indices] == exclusions.search_groups[0][:, None]
+    return eligible
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# knn: stage 2, canonical distances, tie order and the exactness certificate
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _canonical_distances(problem: _Problem, rows: Tensor, pair_rows: Tensor, pair_cols: Tensor) -> Tensor:
+    """Float64 distances of the pairs ``(rows[pair_rows[i]], pair_cols[i])``, computed pair by pair.
+
+    ``dot``: ``-<q,g>``; ``cosine``: ``1 - <q,g> / sqrt(<q,q><g,g>)``; ``sqeuclidean``:
+    ``<q,q> + <g,g> - 2<q,g>`` (clamped at 0), or ``sum((q - g)^2)`` where that expansion cancels badly
+    (near-duplicates); ``euclidean``: its square root. Exact duplicates get exactly 0.
+    """
+    query64 = problem.query64[rows]
+    dots = _canonical_dots(pair_rows, pair_cols, query64, problem.gallery64)
+    if problem.distance == "dot":
+        return -dots
+    q_sq, g_sq = problem.query_sq64[rows][pair_rows], problem.gallery_sq64[pair_cols]
+    if problem.distance == "cosine":
+        return 1.0 - dots / torch.sqrt(q_sq * g_sq)
+    squared = (q_sq + g_sq - 2.0 * dots).clamp_(min=0.0)
+    close = torch.nonzero(squared < (q_sq + g_sq) * 2.0**-10).flatten()
+    if close.numel():
+        diff = query64[pair_rows[close]] - problem.gallery64[pair_cols[close]]
+        squared[close] = (diff * diff).sum(dim=1)
+    return squared.sqrt_() if problem.distance == "euclidean" else squared
+
+
+def _key_tolerance(problem: _Problem, rows: Tensor) -> Tensor:
+    """A rigorous bound on |stage-1 key - exact key| of every pair of these queries, ``(R,)`` float64.
+
+    Float32 inner products of length D err by at most ``D * eps * |q| |g|``; the norms, the addition of
+    the bias, the normalisation (cosine) and the cast of the inputs to float32 at most a few ``D * eps``
+    more, so ``(2 D + 8) * eps * scale`` bounds it, times ``TOLERANCE_FACTOR`` for safety.
+    """
+    eps = torch.finfo(torch.float32).eps * (2 * problem.query.shape[1] + 8) * TOLERANCE_FACTOR
+    q_norm, g_norm = problem.query_sq64[rows].sqrt(), problem.gallery_sq64.max().sqrt()
+    if problem.distance == "cosine":
+        return torch.full_like(q_norm, eps)
+    if problem.distance == "dot":
+        return eps * q_norm * g_norm
+    return eps * (q_norm + g_norm) ** 2
+
+
+def _distance_lower_bound(problem: _Problem, rows: Tensor, key_bound: Tensor) -> Tensor:
+    """The distance that a key >= ``key_bound`` implies (key space -> distance space), ``(R,)`` float64."""
+    if problem.distance == "dot":
+        return key_bound
+    if problem.distance == "cosine":
+        return 1.0 + key_bound
+    squared = key_bound + problem.query_sq64[rows]
+    return squared.clamp(min=0.0).sqrt() if problem.distance == "euclidean" else squared
+
+
+class _Ranked(NamedTuple):
+    distances: Tensor  # (R, K) in the query's dtype
+    indices: Tensor  # (R, K) int64
+    valid: Tensor  # (R, K) bool
+    certified: Tensor  # (R,) bool: provably the exact answer
+
+
+def _rank(problem: _Problem, rows: Tensor, candidates: _Candidates, k: int) -> _Ranked:
+    """Canonical distances of the candidates, stable order by (distance, gallery position), certificate."""
+    keys, indices, ok = candidates
+    pair_rows, slots = torch.nonzero(ok, as_tuple=True)
+    exact = torch.full(ok.shape, float("inf"), dtype=problem.query.dtype, device=ok.device)
+    exact[pair_rows, slots] = _canonical_distances(problem, rows, pair_rows, indices[pair_rows, slots]).to(exact.dtype)
+    by_position = torch.argsort(torch.where(ok, indices, problem.gallery.shape[0]), dim=1, stable=True)
+    by_distance = torch.argsort(exact.gather(1, by_position), dim=1, stable=True)
+    order = by_position.gather(1, by_distance)[:, :k]
+    valid = ok.gather(1, order)
+    distances = exact.gather(1, order).masked_fill_(~valid, float("inf"))
+    chosen = indices.gather(1, order).masked_fill_(~valid, 0)
+    # Certificate: every eligible non-candidate has a key >= the largest candidate key, so an exact
+    # distance >= ``bound``; the answer is exact when the K-th distance is below it (or nothing is left).
+    n_found = ok.sum(dim=1)
+    covered = n_found >= problem.n_eligible[rows]
+    full = n_found == ok.shape[1]
+    largest_key = torch.where(ok, keys.to(torch.float64), float("-inf")).max(dim=1).values
+    bound = _distance_lower_bound(problem, rows, largest_key - _key_tolerance(problem, rows))
+    separated = full & (distances[:, -1] < bound.to(distances.dtype))
+    return _Ranked(distances, chosen, valid, covered | separated)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# knn: public entry point
+# ----------------------------------------------------------------------------------------------------------------------
+
+#: Largest squared norm accepted (float32 keys must not overflow).
+MAX_SQUARED_NORM = 1e36
+#: Candidate pairs held at once by one round (bounds the memory of stages 1 and 2).
+ROUND_PAIRS = 2**24
+
+
+def _as_pair(name: str, value: Tensor | tuple[Tensor, Tensor] | None, has_gallery: bool) -> object:
+    if value is None or has_gallery:
+        return value
+    if isinstance(value, tuple):
+        raise TypeError(f"`{name}` must be one tensor of shape (Q,) when `gallery` is None, got a tuple.")
+    return (value, value)
+
+
+def _self_index(exclude_self: object, query: Tensor, gallery: Tensor | None) -> Tensor | None:
+    """Gallery position of each query (or None) from ``exclude_self``."""
+    if exclude_self is None:
+        exclude_self = gallery is None
+    if isinstance(exclude_self, bool):
+        if not exclude_self:
+            return None
+        if gallery is not None and gallery.shape[0] != query.shape[0]:
+            raise ValueError(
+                "`exclude_self=True` means query i is gallery item i, so `gallery` must have "
+                f"{query.shape[0]} rows like `query`, got {describe(gallery)}."
+            )
+        return torch.arange(query.shape[0], device=query.device)
+    if isinstance(exclude_self, Tensor):
+        return exclude_self
+    raise TypeError(
+        f"`exclude_self` must be None, a bool or an int64 tensor of shape (Q,), got {describe(exclude_self)}."
+    )
+
+
+def _check_magnitude(name: str, x: Tensor) -> None:
+    largest = float((x.to(torch.float64) ** 2).sum(dim=1).max())
+    if largest > MAX_SQUARED_NORM:
+        raise ValueError(
+            f"`{name}` must have row norms below 1e18 (float32 search), got a row of norm {largest**0.5:.3g}; "
+            "rescale the embeddings."
+        )
+
+
+def _resolve_backend(backend: str, problem: _Problem, kp: int) -> str:
+    if backend == "auto":
+        # benchmarks/bench_knn.py (2 CPU cores, N = 10k-100k, D = 128, K = 21-1001): the torch stage is
+        # faster than the faiss stage on CPU at every K; on CUDA it runs on the device.
+        return "torch"
+    if backend == "torch":
+        return "torch"
+    if problem.exclusions.search_groups is not None:
+        warnings.warn(
+            "backend='faiss' cannot restrict a search to search groups: using the torch backend.", stacklevel=3
+        )
+        return "torch"
+    if problem.query.device.type != "cpu":
+        faiss = _faiss_module()
+        if not (faiss.get_num_gpus() > 0 and kp <= FAISS_GPU_MAX_K):
+            warnings.warn(
+                f"backend='faiss' on {problem.query.device} needs faiss-gpu and at most {FAISS_GPU_MAX_K} candidates: "
+                "using the torch backend.",
+                stacklevel=3,
+            )
+            return "torch"
+        return "faiss-gpu"
+    return "faiss"
+
+
+def _empty_result(n_query: int, dtype: torch.dtype, device: torch.device) -> KNNResult:
+    return KNNResult(
+        torch.zeros((n_query, 0), dtype=dtype, device=device),
+        torch.zeros((n_query, 0), dtype=torch.long, device=device),
+        torch.zeros((n_query, 0), dtype=torch.bool, device=device),
+    )
+
+
 def knn(
     query: Tensor,
     gallery: Tensor | None = None,
@@ -273,4 +740,109 @@ def knn(
     backend: KNNBackend = "auto",
     chunk_size: int | None = None,
 ) -> KNNResult:
-    raise NotImplementedError
+    r"""Exact k nearest eligible gallery items of every query, nearest first, ties by gallery position.
+
+    The gallery of query q is every gallery item except: q itself (by position, never by comparing
+    vectors: a duplicate of q is a real neighbour at distance 0), items with the same sequence id as q,
+    and items of another search group than q. Items are ranked by distance ascending, equal distances by
+    gallery position ascending. The result is identical for every backend and chunk size.
+
+    Distances (float64 per pair, then cast to the query's dtype): ``euclidean`` :math:`\|q-g\|_2`,
+    ``sqeuclidean`` :math:`\|q-g\|_2^2`, ``cosine`` :math:`1 - \langle q,g\rangle / (\|q\|\|g\|)`, ``dot``
+    :math:`-\langle q,g\rangle`.
+
+    How: stage 1 finds ``K + margin`` candidates per query with float32 keys (torch: blocked ``addmm`` with
+    a running per-row threshold; faiss: a flat index); stage 2 recomputes their distances canonically in
+    float64 and sorts them; a certificate (the K-th distance is below what any non-candidate can reach,
+    given a rigorous float32 rounding bound) proves the answer exact, and the rows without a certificate
+    (near-ties at the boundary) are searched again with twice as many candidates. Memory is bounded: the
+    embeddings, float64 copies of them, the result and a few blocks.
+
+    Args:
+        query: ``(Q, D)`` floating, finite.
+        gallery: ``(G, D)`` floating, finite, same device; None means the queries themselves.
+        k: int >= 1. The result has ``K = min(k, G)`` columns, trimmed to the largest number of eligible
+            items of any query.
+        distance: ``"euclidean"``, ``"sqeuclidean"``, ``"cosine"`` or ``"dot"``.
+        exclude_self: None (True iff ``gallery`` is None); True: query i is gallery item i and is
+            excluded from its own gallery; False; or an int64 tensor ``(Q,)`` with the gallery position of
+            each query (-1: not in the gallery).
+        sequence_ids: integer ids; items of the query's sequence are excluded. One ``(Q,)`` tensor when
+            ``gallery`` is None, else a ``(query_side (Q,), gallery_side (G,))`` pair.
+        search_groups: integer ids; only items of the query's group are searched. Same form as
+            ``sequence_ids``.
+        backend: ``"auto"`` (torch, the fastest in our benchmark), ``"torch"`` or ``"faiss"`` (CPU, or GPU
+            with faiss-gpu; falls back to torch with a warning for search groups or CUDA tensors without
+            faiss-gpu).
+        chunk_size: int >= 1, caps the query rows and gallery columns of a block (testing, memory).
+
+    Returns:
+        :class:`KNNResult` ``(distances (Q, K), indices (Q, K) int64, valid (Q, K) bool)``; where a query
+        has fewer than K eligible items the missing slots hold distance +inf, index 0, valid False.
+
+    Raises:
+        TypeError, ValueError: naming the argument, for malformed inputs.
+
+    Example:
+        >>> x = torch.tensor([[0.0], [1.0], [1.0], [3.0]])
+        >>> result = knn(x, k=2)
+        >>> result.indices.tolist()
+        [[1, 2], [2, 0], [1, 0], [1, 2]]
+        >>> result.distances.tolist()
+        [[1.0, 1.0], [0.0, 1.0], [0.0, 1.0], [2.0, 2.0]]
+    """
+    k = check_positive_int("k", k)
+    check_choice("distance", distance, DISTANCES)
+    check_choice("backend", backend, BACKENDS)
+    if chunk_size is not None:
+        check_positive_int("chunk_size", chunk_size)
+    same_set = gallery is None
+    query, gallery_ = _check_query_gallery(query, query if gallery is None else gallery)
+    has_gallery = not same_set
+    exclusions = _check_exclusions(
+        "exclude_self",
+        _self_index(exclude_self, query, gallery),
+        _as_pair("sequence_ids", sequence_ids, has_gallery),
+        _as_pair("search_groups", search_groups, has_gallery),
+        query,
+        gallery_,
+    )
+    _check_magnitude("query", query)
+    if has_gallery:
+        _check_magnitude("gallery", gallery_)
+    problem = _make_problem(query, gallery_, distance, exclusions, same_set)
+    n_query, n_gallery = query.shape[0], gallery_.shape[0]
+    k = min(k, n_gallery, int(problem.n_eligible.max()))
+    if k == 0:
+        return _empty_result(n_query, query.dtype, query.device)
+    kp = min(n_gallery, k + max(MIN_MARGIN, k // MARGIN_DIVISOR))
+    engine = _resolve_backend(backend, problem, kp)
+    stage = (
+        _TorchStage(problem, chunk_size) if engine == "torch" else _FaissStage(problem, use_gpu=engine == "faiss-gpu")
+    )
+    return _search_rounds(problem, stage, k, kp, chunk_size)
+
+
+def _search_rounds(
+    problem: _Problem, stage: _TorchStage | _FaissStage, k: int, kp: int, chunk_size: int | None
+) -> KNNResult:
+    """Rounds of stage 1 + stage 2 over the uncertified queries, doubling the candidates each round."""
+    n_query, n_gallery, device = problem.query.shape[0], problem.gallery.shape[0], problem.query.device
+    distances = torch.empty((n_query, k), dtype=problem.query.dtype, device=device)
+    indices = torch.empty((n_query, k), dtype=torch.long, device=device)
+    valid = torch.empty((n_query, k), dtype=torch.bool, device=device)
+    pending = torch.arange(n_query, device=device)
+    while pending.numel():
+        group_rows = max(1, min(ROUND_PAIRS // kp, chunk_size or n_query))
+        failed = []
+        for start in range(0, pending.numel(), group_rows):
+            rows = pending[start : start + group_rows]
+            ranked = _rank(problem, rows, stage(rows, kp), k)
+            done = rows[ranked.certified]
+            distances[done] = ranked.distances[ranked.certified]
+            indices[done] = ranked.indices[ranked.certified]
+            valid[done] = ranked.valid[ranked.certified]
+            failed.append(rows[~ranked.certified])
+        pending = torch.cat(failed)
+        kp = min(n_gallery, 2 * kp)
+    return KNNResult(distances, indices, valid)
