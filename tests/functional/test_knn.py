@@ -1,0 +1,396 @@
+"""Tests of the exact kNN search against a slow float64 reference written here."""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+import pytest
+import torch
+from hypothesis import given, settings
+from torch import Tensor
+
+from torchmetrics_retrieval.functional.knn import DISTANCES, distance_blocks, knn
+
+# ----------------------------------------------------------------------------------------------------------------------
+# slow reference: float64 per query, explicit exclusions, stable sort by (distance, index)
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def reference_distances(q: Tensor, g: Tensor, distance: str) -> Tensor:
+    """Distances of one query to every gallery item, float64, from the definitions."""
+    q, g = q.double(), g.double()
+    if distance == "euclidean":
+        return ((g - q) ** 2).sum(dim=1).sqrt()
+    if distance == "sqeuclidean":
+        return ((g - q) ** 2).sum(dim=1)
+    if distance == "cosine":
+        return 1.0 - (g @ q) / ((g * g).sum(dim=1) * (q @ q)).sqrt()
+    return -(g @ q)
+
+
+def reference_knn(
+    query: Tensor,
+    gallery: Tensor,
+    k: int,
+    distance: str,
+    self_index: list[int] | None = None,
+    sequence_ids: tuple[Tensor, Tensor] | None = None,
+    search_groups: tuple[Tensor, Tensor] | None = None,
+) -> list[list[tuple[int, float]]]:
+    """For each query, the list of (gallery position, distance) of its nearest eligible items."""
+    result = []
+    for i in range(query.shape[0]):
+        d = reference_distances(query[i], gallery, distance).to(query.dtype).tolist()
+        eligible = []
+        for j in range(gallery.shape[0]):
+            if self_index is not None and self_index[i] == j:
+                continue
+            if sequence_ids is not None and sequence_ids[0][i] == sequence_ids[1][j]:
+                continue
+            if search_groups is not None and search_groups[0][i] != search_groups[1][j]:
+                continue
+            eligible.append(j)
+        ranked = sorted(eligible, key=lambda j: (d[j], j))
+        result.append([(j, d[j]) for j in ranked[:k]])
+    return result
+
+
+def assert_matches_reference(result, expected: list[list[tuple[int, float]]], *, exact_distances: bool) -> None:
+    n_cols = max(len(row) for row in expected)
+    assert result.indices.shape == (len(expected), n_cols)
+    assert result.indices.dtype == torch.long and result.valid.dtype == torch.bool
+    for i, row in enumerate(expected):
+        n = len(row)
+        assert result.indices[i, :n].tolist() == [j for j, _ in row], f"query {i}"
+        got = result.distances[i, :n].tolist()
+        if exact_distances:
+            assert got == [d for _, d in row], f"query {i}"
+        else:
+            assert got == pytest.approx([d for _, d in row], rel=1e-5, abs=1e-5), f"query {i}"
+        assert result.valid[i, :n].all() and not result.valid[i, n:].any()
+        assert (result.indices[i, n:] == 0).all() and torch.isinf(result.distances[i, n:]).all()
+
+
+def integer_points(n: int, dim: int, seed: int, low: int = -2, high: int = 3) -> Tensor:
+    """Small-integer embeddings (many exact ties), a few exact duplicates, no all-zero row."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(low, high, (n, dim), generator=g).float()
+    x[(x == 0).all(dim=1), 0] = 1.0
+    if n >= 4:
+        x[n - 1] = x[0]
+        x[n // 2] = x[1]
+    return x
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# property tests
+# ----------------------------------------------------------------------------------------------------------------------
+
+BACKENDS = ("torch", "faiss")
+CHUNKS = (1, 3, 7, None)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 25),
+    dim=st.integers(1, 4),
+    k=st.integers(1, 30),
+    distance=st.sampled_from(DISTANCES),
+    backend=st.sampled_from(BACKENDS),
+    chunk_size=st.sampled_from(CHUNKS),
+    seed=st.integers(0, 2**16),
+    n_sequences=st.integers(0, 5),
+)
+def test_leave_one_out_matches_reference(n, dim, k, distance, backend, chunk_size, seed, n_sequences) -> None:
+    x = integer_points(n, dim, seed)
+    seq = None if n_sequences == 0 else torch.arange(n) % n_sequences
+    result = knn(x, k=k, distance=distance, backend=backend, chunk_size=chunk_size, sequence_ids=seq)
+    expected = reference_knn(
+        x, x, k, distance, self_index=list(range(n)), sequence_ids=None if seq is None else (seq, seq)
+    )
+    if max(len(row) for row in expected) == 0:
+        assert result.indices.shape == (n, 0)
+        return
+    assert_matches_reference(result, expected, exact_distances=True)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n_query=st.integers(1, 12),
+    n_gallery=st.integers(1, 30),
+    k=st.integers(1, 12),
+    distance=st.sampled_from(DISTANCES),
+    chunk_size=st.sampled_from(CHUNKS),
+    seed=st.integers(0, 2**16),
+    with_groups=st.booleans(),
+)
+def test_query_gallery_with_groups_matches_reference(n_query, n_gallery, k, distance, chunk_size, seed, with_groups):
+    x = integer_points(n_query + n_gallery, 3, seed)
+    query, gallery = x[:n_query], x[n_query:]
+    groups = (torch.arange(n_query) % 2, torch.arange(n_gallery) % 3) if with_groups else None
+    result = knn(query, gallery, k, distance=distance, search_groups=groups, chunk_size=chunk_size, backend="torch")
+    expected = reference_knn(query, gallery, k, distance, search_groups=groups)
+    if max(len(row) for row in expected) == 0:
+        assert result.indices.shape == (n_query, 0)
+        return
+    assert_matches_reference(result, expected, exact_distances=True)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    distance=st.sampled_from(DISTANCES),
+    chunk_size=st.sampled_from(CHUNKS),
+    k=st.integers(1, 20),
+    seed=st.integers(0, 2**16),
+)
+def test_float_data_backends_identical_and_match_reference(distance, chunk_size, k, seed) -> None:
+    g = torch.Generator().manual_seed(seed)
+    query, gallery = torch.randn(9, 5, generator=g), torch.randn(40, 5, generator=g)
+    gallery[3] = query[0]  # a duplicate of a query
+    by_torch = knn(query, gallery, k, distance=distance, backend="torch", chunk_size=chunk_size)
+    by_faiss = knn(query, gallery, k, distance=distance, backend="faiss", chunk_size=chunk_size)
+    for a, b in zip(by_torch, by_faiss, strict=True):
+        assert torch.equal(a, b)
+    assert_matches_reference(by_torch, reference_knn(query, gallery, k, distance), exact_distances=False)
+
+
+@settings(max_examples=25, deadline=None)
+@given(distance=st.sampled_from(DISTANCES), seed=st.integers(0, 2**16), backend=st.sampled_from(BACKENDS))
+def test_query_order_does_not_matter(distance, seed, backend) -> None:
+    x = integer_points(20, 3, seed)
+    query = x[:8]
+    perm = torch.randperm(8, generator=torch.Generator().manual_seed(seed))
+    a = knn(query, x, 5, distance=distance, exclude_self=torch.arange(8), backend=backend)
+    b = knn(query[perm], x, 5, distance=distance, exclude_self=perm, backend=backend)
+    for u, v in zip(a, b, strict=True):
+        assert torch.equal(u[perm], v)
+
+
+def test_many_near_ties_need_several_rounds() -> None:
+    # 300 identical items and 5 slightly different ones: the certificate fails until the whole tie is seen.
+    x = torch.ones(305, 4)
+    x[300:] += torch.arange(1, 6)[:, None] * 1e-3
+    result = knn(x[:2], x, 3, exclude_self=torch.tensor([0, 1]), chunk_size=16)
+    assert result.indices.tolist() == [[1, 2, 3], [0, 2, 3]]
+    assert result.distances.tolist() == [[0.0] * 3] * 2
+
+
+def test_larger_random_float_data_both_backends() -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.nn.functional.normalize(torch.randn(600, 16, generator=g), dim=1)
+    x[10] = x[20]
+    a = knn(x, k=25, backend="torch", chunk_size=64)
+    b = knn(x, k=25, backend="faiss")
+    for u, v in zip(a, b, strict=True):
+        assert torch.equal(u, v)
+    exact = torch.cdist(x.double(), x.double())
+    exact.fill_diagonal_(float("inf"))
+    assert torch.equal(a.indices[:, 0], exact.argmin(dim=1))
+    assert a.indices[10, 0] == 20 and a.distances[10, 0] == 0.0
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# hand cases
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def test_duplicate_of_the_query_is_a_real_neighbour() -> None:
+    x = torch.tensor([[0.0, 0.0], [0.0, 0.0], [3.0, 4.0]])
+    for backend in BACKENDS:
+        result = knn(x, k=2, backend=backend)
+        assert result.indices.tolist() == [[1, 2], [0, 2], [0, 1]]
+        assert result.distances.tolist() == [[0.0, 5.0], [0.0, 5.0], [5.0, 5.0]]
+
+
+def test_sequence_ids_exclude_the_same_sequence() -> None:
+    x = torch.tensor([[0.0], [1.0], [2.0], [10.0]])
+    seq = torch.tensor([7, 7, 8, 9])
+    result = knn(x, k=3, sequence_ids=seq)
+    # query 0: item 1 is its sequence; 2 at 2, 3 at 10; the third slot is empty
+    assert result.indices.tolist() == [[2, 3, 0], [2, 3, 0], [1, 0, 3], [2, 1, 0]]
+    assert result.valid.tolist() == [[True, True, False], [True, True, False], [True, True, True], [True, True, True]]
+    assert result.distances[0].tolist() == [2.0, 10.0, float("inf")]
+
+
+def test_search_groups_restrict_the_gallery() -> None:
+    query = torch.tensor([[0.0], [0.0]])
+    gallery = torch.tensor([[1.0], [5.0], [2.0]])
+    result = knn(query, gallery, 3, search_groups=(torch.tensor([0, 1]), torch.tensor([1, 0, 1])))
+    assert result.indices.tolist() == [[1, 0], [0, 2]]
+    assert result.distances.tolist() == [[5.0, float("inf")], [1.0, 2.0]]
+    assert result.valid.tolist() == [[True, False], [True, True]]
+
+
+def test_faiss_with_search_groups_falls_back_to_torch() -> None:
+    query, gallery = torch.tensor([[0.0]]), torch.tensor([[1.0], [2.0]])
+    with pytest.warns(UserWarning, match="search groups"):
+        result = knn(query, gallery, 1, search_groups=(torch.tensor([1]), torch.tensor([0, 1])), backend="faiss")
+    assert result.indices.tolist() == [[1]]
+
+
+def test_k_larger_than_gallery_is_clamped() -> None:
+    query, gallery = torch.tensor([[0.0]]), torch.tensor([[2.0], [1.0]])
+    result = knn(query, gallery, 10)
+    assert result.indices.tolist() == [[1, 0]] and result.distances.tolist() == [[1.0, 2.0]]
+
+
+def test_k_trimmed_to_the_largest_eligible_count() -> None:
+    x = torch.tensor([[0.0], [1.0], [2.0]])
+    result = knn(x, k=5)  # each query has 2 eligible items
+    assert result.indices.shape == (3, 2) and bool(result.valid.all())
+
+
+def test_no_eligible_item_at_all_gives_empty_columns() -> None:
+    result = knn(torch.tensor([[0.0]]), k=3)
+    assert result.indices.shape == (1, 0) and result.distances.shape == (1, 0) and result.valid.shape == (1, 0)
+
+
+def test_explicit_self_positions_with_minus_one() -> None:
+    gallery = torch.tensor([[0.0], [1.0], [3.0]])
+    query = torch.tensor([[0.0], [1.0]])
+    result = knn(query, gallery, 2, exclude_self=torch.tensor([-1, 1]))
+    assert result.indices.tolist() == [[0, 1], [0, 2]]
+    assert result.distances.tolist() == [[0.0, 1.0], [1.0, 2.0]]
+
+
+def test_exclude_self_true_with_a_gallery_and_false_without() -> None:
+    x = torch.tensor([[0.0], [1.0]])
+    assert knn(x, x.clone(), 1, exclude_self=True).indices.tolist() == [[1], [0]]
+    assert knn(x, k=1, exclude_self=False).indices.tolist() == [[0], [1]]
+
+
+def test_distances_by_definition() -> None:
+    query, gallery = torch.tensor([[3.0, 4.0]]), torch.tensor([[0.0, 0.0], [6.0, 8.0], [-4.0, 3.0]])
+    expected = {
+        "euclidean": [5.0, 5.0, 7.0710678],
+        "sqeuclidean": [25.0, 25.0, 50.0],
+        "dot": [-50.0, 0.0, 0.0],
+    }
+    for distance, values in expected.items():
+        result = knn(query, gallery, 3, distance=distance)
+        assert result.distances[0].tolist() == pytest.approx(values)
+    assert knn(query, gallery, 3, distance="euclidean").indices.tolist() == [[0, 1, 2]]
+    assert knn(query, gallery, 3, distance="dot").indices.tolist() == [[1, 0, 2]]
+    cosine = knn(query, gallery[1:], 2, distance="cosine")
+    assert cosine.indices.tolist() == [[0, 1]] and cosine.distances.tolist() == [[0.0, 1.0]]
+
+
+def test_dtype_and_device_are_kept() -> None:
+    x = torch.tensor([[0.0], [1.0], [3.0]], dtype=torch.float64)
+    result = knn(x, k=1)
+    assert result.distances.dtype == torch.float64 and result.distances.device == x.device
+    assert knn(x.half(), k=1).distances.dtype == torch.float16
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# distance_blocks
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("distance", DISTANCES)
+@pytest.mark.parametrize("chunk_size", [1, 3, 7, None])
+def test_distance_blocks_tile_once_and_mark_exclusions(distance, chunk_size) -> None:
+    query, gallery = integer_points(11, 3, 1), integer_points(13, 3, 2)
+    self_index = torch.tensor([-1, 0, 5, -1, 12, 3, -1, -1, 1, 2, 4])
+    seq = (torch.arange(11) % 4, torch.arange(13) % 5)
+    groups = (torch.arange(11) % 2, torch.arange(13) % 3 % 2)
+    seen = torch.zeros(11, 13, dtype=torch.long)
+    for block in distance_blocks(
+        query,
+        gallery,
+        distance=distance,
+        self_index=self_index,
+        sequence_ids=seq,
+        search_groups=groups,
+        chunk_size=chunk_size,
+    ):
+        rows, cols = block.query_slice, block.gallery_slice
+        seen[rows, cols] += 1
+        for i in range(rows.start, rows.stop):
+            expected = reference_distances(query[i], gallery[cols], distance).float()
+            for j in range(cols.start, cols.stop):
+                excluded = self_index[i] == j or seq[0][i] == seq[1][j] or groups[0][i] != groups[1][j]
+                eligible = True if block.eligible is None else bool(block.eligible[i - rows.start, j - cols.start])
+                value = float(block.distances[i - rows.start, j - cols.start])
+                assert eligible == (not excluded)
+                if excluded:
+                    assert value == float("inf")
+                else:
+                    assert value == pytest.approx(float(expected[j - cols.start]), abs=1e-4)
+    assert bool((seen == 1).all())
+
+
+def test_distance_blocks_default_blocks_and_none_mask() -> None:
+    blocks = list(distance_blocks(torch.zeros(5, 2), torch.ones(4, 2)))
+    assert len(blocks) == 1 and blocks[0].eligible is None
+    assert blocks[0].distances.shape == (5, 4)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# errors
+# ----------------------------------------------------------------------------------------------------------------------
+
+X = torch.zeros(3, 2) + torch.arange(3.0)[:, None]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"query": [[0.0]]}, TypeError, "`query` must be a torch.Tensor"),
+        ({"query": torch.zeros(3)}, ValueError, "`query` must be 2-D"),
+        ({"query": torch.zeros(3, 2, dtype=torch.long)}, TypeError, "`query` must have a floating dtype"),
+        ({"query": torch.tensor([[float("nan")]])}, ValueError, "`query` must be finite"),
+        ({"query": torch.zeros(0, 2)}, ValueError, "`query` must have at least one row"),
+        ({"gallery": torch.tensor([[float("inf"), 0.0]])}, ValueError, "`gallery` must be finite"),
+        ({"gallery": torch.zeros(3, 5)}, ValueError, "`gallery` must have 2 columns"),
+        ({"k": 0}, ValueError, "`k` must be an int >= 1, got 0"),
+        ({"k": 1.5}, TypeError, "`k` must be an int"),
+        ({"k": True}, TypeError, "`k` must be an int"),
+        ({"distance": "manhattan"}, ValueError, "`distance` must be one of"),
+        ({"backend": "annoy"}, ValueError, "`backend` must be one of"),
+        ({"chunk_size": 0}, ValueError, "`chunk_size` must be an int >= 1"),
+        ({"exclude_self": "yes"}, TypeError, "`exclude_self` must be None, a bool"),
+        ({"exclude_self": torch.tensor([0, 1, 2], dtype=torch.int32)}, TypeError, "`exclude_self` must have dtype"),
+        ({"exclude_self": torch.zeros(3, 1, dtype=torch.long)}, ValueError, "`exclude_self` must be 1-D"),
+        ({"exclude_self": torch.tensor([0, 1])}, ValueError, "`exclude_self` must have 3 rows"),
+        (
+            {"exclude_self": torch.tensor([0, 1, 3])},
+            ValueError,
+            r"`exclude_self` must hold gallery positions in \[0, 3\)",
+        ),
+        ({"exclude_self": torch.tensor([0, -2, 1])}, ValueError, "`exclude_self` must hold gallery positions"),
+        ({"sequence_ids": torch.zeros(3)}, TypeError, "`sequence_ids` must be a"),
+        ({"search_groups": torch.zeros(3, dtype=torch.long)}, TypeError, "`search_groups` must be a"),
+        ({"sequence_ids": (torch.zeros(2, dtype=torch.long), torch.zeros(3))}, ValueError, r"`sequence_ids\[0\]`"),
+        ({"search_groups": (torch.zeros(3, dtype=torch.long), torch.zeros(3))}, TypeError, r"`search_groups\[1\]`"),
+        ({"sequence_ids": (torch.zeros(3, 1), torch.zeros(3))}, ValueError, r"`sequence_ids\[0\]` must be 1-D"),
+        ({"query": torch.full((3, 2), 1e30)}, ValueError, "`query` must have row norms below"),
+    ],
+)
+def test_knn_errors(kwargs, error, match) -> None:
+    args = {"query": X, "gallery": X.clone(), "k": 1, **kwargs}
+    with pytest.raises(error, match=match):
+        knn(args.pop("query"), args.pop("gallery"), args.pop("k"), **args)
+
+
+def test_knn_errors_without_gallery() -> None:
+    with pytest.raises(TypeError, match="`sequence_ids` must be one tensor"):
+        knn(X, sequence_ids=(torch.zeros(3), torch.zeros(3)))
+    with pytest.raises(ValueError, match=r"`sequence_ids\[0\]` must have 3 rows"):
+        knn(X, sequence_ids=torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match="`gallery` must have 3 rows like `query`"):
+        knn(X, torch.zeros(2, 2), exclude_self=True)
+    with pytest.raises(ValueError, match="all-zero row with distance='cosine'"):
+        knn(torch.zeros(2, 2), distance="cosine")
+
+
+def test_distance_blocks_errors() -> None:
+    with pytest.raises(ValueError, match="`distance` must be one of"):
+        distance_blocks(X, X, distance="l1")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`chunk_size` must be an int >= 1"):
+        distance_blocks(X, X, chunk_size=-1)
+    with pytest.raises(ValueError, match="`self_index` must hold gallery positions"):
+        distance_blocks(X, X, self_index=torch.tensor([0, 1, 5]))
+    with pytest.raises(TypeError, match="`sequence_ids` must be a"):
+        distance_blocks(X, X, sequence_ids=torch.zeros(3))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`gallery` must have 2 columns"):
+        distance_blocks(X, torch.zeros(3, 1))
