@@ -101,9 +101,10 @@ def _evaluate(args: argparse.Namespace) -> int:
     if args.gallery is not None:
         if args.gallery_labels is None:
             raise SystemExit("error: --gallery needs --gallery-labels")
-        sets = {"gallery": _load_array(args.gallery, "gallery").float(), "gallery_labels": _load_array(
-            args.gallery_labels, "gallery labels"
-        )}
+        sets = {
+            "gallery": _load_array(args.gallery, "gallery").float(),
+            "gallery_labels": _load_array(args.gallery_labels, "gallery labels"),
+        }
     title = f"Retrieval on {args.embeddings}: {embeddings.shape[0]} queries" + (
         f" against {args.gallery}" if args.gallery else " (leave-one-out)"
     )

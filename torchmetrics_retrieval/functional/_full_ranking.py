@@ -14,6 +14,8 @@ chunk plus one distance block; never the full query x gallery matrix.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor
 
@@ -51,16 +53,19 @@ def _ranks_of_chunk(
     device = query.device
     keys = torch.full((n_rows, n_max + 1), _PAD, dtype=torch.int64, device=device)
     filled = torch.zeros(n_rows, dtype=torch.long, device=device)
-    block_args = {
-        "distance": distance,
-        "self_index": self_index,
-        "sequence_ids": sequence_ids,
-        "search_groups": search_groups,
-        "chunk_size": chunk_size,
-    }
 
-    def blocks():  # type: ignore[no-untyped-def]
-        for block in distance_blocks(query, gallery, **block_args):  # type: ignore[arg-type]
+    def blocks() -> Iterator[tuple[slice, Tensor, Tensor, Tensor]]:
+        """(query rows, sort keys, relevant and eligible, non-relevant and eligible) of every block."""
+        tiles = distance_blocks(
+            query,
+            gallery,
+            distance=distance,
+            self_index=self_index,
+            sequence_ids=sequence_ids,
+            search_groups=search_groups,
+            chunk_size=chunk_size,
+        )
+        for block in tiles:
             qs, gs = block.query_slice, block.gallery_slice
             relevant = label_match(query_labels[qs], gallery_labels[gs], label_comparison_fn)
             eligible = block.eligible if block.eligible is not None else torch.ones_like(relevant)

@@ -165,9 +165,7 @@ def split_query_gallery(
     n_gallery = gallery.shape[0]
     check_labels("gallery_labels", gallery_labels, n_gallery, "gallery")
     if gallery.shape[1] != query.shape[1]:
-        raise ValueError(
-            f"`gallery` must have {query.shape[1]} columns like `query`, got {describe(gallery)}."
-        )
+        raise ValueError(f"`gallery` must have {query.shape[1]} columns like `query`, got {describe(gallery)}.")
     if gallery_labels.shape[1:] != query_labels.shape[1:]:
         raise ValueError(
             f"`gallery_labels` must have the label shape {tuple(query_labels.shape[1:])} of `query_labels`, "

@@ -14,9 +14,10 @@ Definitions (DESIGN.md section 3), with :math:`rel_i` the i-th column and
   :math:`/ \min(k, |G(q)|)` (mode ``"standard"``).
 * ``recall@k`` = :math:`\sum_{i \le k} rel_i / n(q)`.
 * ``map@k`` = :math:`\frac{1}{m_k} \sum_{i \le k} P@i \cdot rel_i`, :math:`m_k = \sum_{i \le k} rel_i`, 0 when m_k = 0.
-* ``ndcg@k`` = :math:`\sum_{i \le k} rel_i / \log_2(i + 1)` over the ideal :math:`\sum_{i \le \min(k, n(q))} 1/\log_2(i + 1)`.
-* ``map@r`` = :math:`\frac{1}{R} \sum_{i \le R} P@i \cdot rel_i` and ``r_precision`` = :math:`\frac{1}{R} \sum_{i \le R} rel_i`,
-  with R = n(q).
+* ``ndcg@k`` = :math:`\sum_{i \le k} rel_i / \log_2(i + 1)` over the ideal
+  :math:`\sum_{i \le \min(k, n(q))} 1/\log_2(i + 1)`.
+* ``map@r`` = :math:`\frac{1}{R} \sum_{i \le R} P@i \cdot rel_i` and
+  ``r_precision`` = :math:`\frac{1}{R} \sum_{i \le R} rel_i`, with R = n(q).
 * ``average_precision`` = :math:`\frac{1}{n(q)} \sum_i P@i \cdot rel_i` over the whole ranking.
 * ``reciprocal_rank`` = 1 / (rank of the first relevant item), 0 if none.
 
@@ -67,7 +68,7 @@ def _cutoffs(top_k: TopK, n_columns: int, device: torch.device) -> tuple[Tensor,
     """(requested cutoffs, column index of each cutoff, whether a single int was given)."""
     single = isinstance(top_k, int) and not isinstance(top_k, bool)
     check_top_k("top_k", top_k, allow_empty=False)
-    ks = [top_k] if single else list(top_k)  # type: ignore[list-item, arg-type]
+    ks = [top_k] if single else list(top_k)  # type: ignore[arg-type]
     k = torch.tensor(ks, dtype=torch.long, device=device)
     return k, k.clamp(max=max(n_columns, 1)) - 1, single
 

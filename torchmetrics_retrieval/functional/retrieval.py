@@ -85,7 +85,16 @@ class RetrievalOptions:
             values[name] = check_top_k(name, values[name])
         for name in ("fmr_vals", "pcf_variance"):
             values[name] = check_fractions(name, values[name])
-        for name in ("map_at_r", "r_precision", "mrr", "map_full", "clustering", "normalize", "avg_of_avgs", "per_class"):
+        for name in (
+            "map_at_r",
+            "r_precision",
+            "mrr",
+            "map_full",
+            "clustering",
+            "normalize",
+            "avg_of_avgs",
+            "per_class",
+        ):
             if not isinstance(values[name], bool):
                 raise TypeError(f"`{name}` must be a bool, got {describe(values[name])}.")
         check_choice("distance", values["distance"], DISTANCES)
@@ -455,14 +464,16 @@ def retrieval_metrics(
     opts = RetrievalOptions.create(**options)
     result = None
     metrics: dict[str, Tensor] = {}
-    common = {
+    common: dict[str, Any] = {
         "is_query": is_query,
         "is_gallery": is_gallery,
         "sequence_ids": sequence_ids,
         "search_groups": search_groups,
     }
     if opts.needs_ranking:
-        result = retrieval_per_query(query, query_labels, gallery, gallery_labels, categories=categories, options=opts, **common)
+        result = retrieval_per_query(
+            query, query_labels, gallery, gallery_labels, categories=categories, options=opts, **common
+        )
         metrics.update(reduce_per_query(result, opts))
     if opts.fmr_vals or opts.pcf_variance or opts.clustering:
         split_query_gallery(query, query_labels, gallery, gallery_labels, categories=categories, **common)  # checks
@@ -484,5 +495,7 @@ def retrieval_metrics(
         by_category = None if categories is None else (x, categories)
         metrics.update(_extra_metrics(opts, everything, labels, by_category, pair_args))
     if not metrics and not opts.needs_ranking:
-        warnings.warn("No metric was requested: every option that selects a metric is empty.", UserWarning, stacklevel=2)
+        warnings.warn(
+            "No metric was requested: every option that selects a metric is empty.", UserWarning, stacklevel=2
+        )
     return (metrics, result) if return_per_query else metrics
