@@ -1,0 +1,182 @@
+r"""Contrastive top-k accuracy of paired views, in both directions, block by block.
+
+Rows ``z1[i]`` and ``z2[i]`` are two views of the same sample. With the similarity
+:math:`s(a, b) = \langle a, b \rangle` (of L2-normalised rows when ``normalize=True``), ``z1[i]`` is a
+hit at ``k`` when fewer than ``k`` rows ``z2[j]`` are *strictly* more similar to ``z1[i]`` than its
+partner ``z2[i]`` is (so ties count in its favour); the same for ``z2[i]`` against the rows of ``z1``.
+The score is the mean of the two directional accuracies.
+
+The ``(N, N)`` similarity matrix is never held: it is computed in square tiles, and every tile serves
+both directions (its rows for ``z1 -> z2``, its columns for ``z2 -> z1``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import overload
+
+import torch
+from torch import Tensor
+
+from torchmetrics_retrieval.functional._checks import (
+    check_embeddings,
+    check_positive_int,
+    check_top_k,
+    describe,
+)
+
+__all__ = ["contrastive_accuracy"]
+
+#: Side of a tile of the similarity matrix when ``chunk_size`` is not given (16 MiB in float32).
+DEFAULT_CHUNK = 2048
+#: Pairs whose similarity is recomputed in one piece (see ``_count_more_similar``).
+PAIR_PIECE = 2**15
+
+
+def _check_inputs(z1: object, z2: object, eps: object, chunk_size: object) -> tuple[Tensor, Tensor]:
+    z1 = check_embeddings("z1", z1)
+    z2 = check_embeddings("z2", z2)
+    if z2.shape != z1.shape:
+        raise ValueError(f"`z2` must have the shape {tuple(z1.shape)} of `z1`, got {describe(z2)}.")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TypeError(f"`eps` must be a number >= 0, got {describe(eps)}.")
+    if not (eps >= 0 and math.isfinite(eps)):
+        raise ValueError(f"`eps` must be a finite number >= 0, got {eps}.")
+    if chunk_size is not None:
+        check_positive_int("chunk_size", chunk_size)
+    return z1, z2.to(z1.device)
+
+
+def _prepare(z: Tensor, dtype: torch.dtype, normalize: bool, eps: float) -> Tensor:
+    z = z.to(dtype)
+    return torch.nn.functional.normalize(z, dim=1, eps=eps) if normalize else z
+
+
+def _pair_dots(a64: Tensor, b64: Tensor, i: Tensor, j: Tensor) -> Tensor:
+    """``<a64[i[p]], b64[j[p]]>`` for every listed pair, each computed on its own, in bounded pieces."""
+    return torch.cat(
+        [(a64[i[s : s + PAIR_PIECE]] * b64[j[s : s + PAIR_PIECE]]).sum(dim=1) for s in range(0, i.numel(), PAIR_PIECE)]
+    )
+
+
+def _count_more_similar(a: Tensor, b: Tensor, chunk: int) -> tuple[Tensor, Tensor]:
+    """For every i, how many candidates are strictly more similar than the partner, in each direction.
+
+    Returns ``(above_1, above_2)``, ``(N,)`` int64: ``above_1[i] = #{j : s(a[i], b[j]) > s(a[i], b[i])}``
+    and ``above_2[i] = #{j : s(b[i], a[j]) > s(b[i], a[i])}``.
+
+    Tiles are computed by a fast matmul in the compute dtype. A candidate whose fast similarity is within
+    the matmul's rounding bound of the partner's is decided again on canonical values: the float64 dot
+    product of the two rows, computed pair by pair (products of float32 numbers are exact in float64). So
+    the counts do not depend on the tiling, and identical candidates always tie with the partner.
+    """
+    n, d = a.shape
+    a64, b64 = a.to(torch.float64), b.to(torch.float64)
+    idx = torch.arange(n, device=a.device)
+    partner = _pair_dots(a64, b64, idx, idx)
+    fast_partner = partner.to(a.dtype)
+    eps = torch.finfo(a.dtype).eps
+    tol = 2 * (d + 2) * eps * float(a64.norm(dim=1).max()) * float(b64.norm(dim=1).max())
+    above_1 = torch.zeros(n, dtype=torch.int64, device=a.device)
+    above_2 = torch.zeros(n, dtype=torch.int64, device=a.device)
+    for r in range(0, n, chunk):
+        rows = slice(r, min(r + chunk, n))
+        for c in range(0, n, chunk):
+            cols = slice(c, min(c + chunk, n))
+            sim = a[rows] @ b[cols].T
+            gap_1 = sim - fast_partner[rows, None]
+            gap_2 = sim.sub_(fast_partner[None, cols])
+            above_1[rows] += (gap_1 > tol).sum(dim=1)
+            above_2[cols] += (gap_2 > tol).sum(dim=0)
+            near_1, near_2 = gap_1.abs_() <= tol, gap_2.abs_() <= tol
+            i, j = torch.nonzero(near_1 | near_2, as_tuple=True)
+            if i.numel() == 0:
+                continue
+            near_1, near_2 = near_1[i, j], near_2[i, j]
+            i, j = i + r, j + c
+            exact = _pair_dots(a64, b64, i, j)
+            above_1.index_add_(0, i, (near_1 & (exact > partner[i])).long())
+            above_2.index_add_(0, j, (near_2 & (exact > partner[j])).long())
+    return above_1, above_2
+
+
+@overload
+def contrastive_accuracy(
+    z1: Tensor,
+    z2: Tensor,
+    top_k: int = 1,
+    *,
+    normalize: bool = True,
+    eps: float = 1e-12,
+    chunk_size: int | None = None,
+) -> Tensor: ...
+
+
+@overload
+def contrastive_accuracy(
+    z1: Tensor,
+    z2: Tensor,
+    top_k: Iterable[int],
+    *,
+    normalize: bool = True,
+    eps: float = 1e-12,
+    chunk_size: int | None = None,
+) -> dict[str, Tensor]: ...
+
+
+def contrastive_accuracy(
+    z1: Tensor,
+    z2: Tensor,
+    top_k: int | Iterable[int] = 1,
+    *,
+    normalize: bool = True,
+    eps: float = 1e-12,
+    chunk_size: int | None = None,
+) -> Tensor | dict[str, Tensor]:
+    r"""Top-k contrastive accuracy of the pairs ``(z1[i], z2[i])``, averaged over both directions.
+
+    .. math::
+        \mathrm{acc}_k = \frac{1}{2N} \sum_i \Big( [\#\{j : s(z_1^i, z_2^j) > s(z_1^i, z_2^i)\} < k]
+        + [\#\{j : s(z_2^i, z_1^j) > s(z_2^i, z_1^i)\} < k] \Big)
+
+    with :math:`s` the dot product, of rows divided by :math:`\max(\lVert z \rVert_2, \epsilon)` when
+    ``normalize=True`` (cosine similarity). Ties with the partner count as hits. Similarities are
+    compared exactly: near-ties are decided on the float64 dot product of the (float32) rows, so the
+    result does not depend on ``chunk_size`` and a candidate identical to the partner always ties. A
+    ``k`` larger than ``N`` behaves as ``N`` (every row is a hit).
+
+    Args:
+        z1: ``(N, D)`` floating, finite: the first view.
+        z2: ``(N, D)``: the second view, row ``i`` paired with ``z1[i]``.
+        top_k: an int ``k >= 1``, or several.
+        normalize: L2-normalise the rows first.
+        eps: lower bound of the norm in the normalisation (>= 0).
+        chunk_size: side of a square tile of the similarity matrix (default ``DEFAULT_CHUNK``);
+            memory ``O(chunk_size**2)``, the result does not depend on it.
+
+    Returns:
+        An int ``top_k``: a 0-dim float32 tensor. Several: ``{"contrastive_accuracy/{k}": tensor}``.
+
+    Raises:
+        TypeError, ValueError: non-tensors, shapes that differ or are not 2-D, NaN/inf, ``k < 1``.
+
+    Example:
+        >>> z1 = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+        >>> z2 = torch.tensor([[1.0, 0.1], [1.0, 0.0], [1.0, 1.0]])
+        >>> contrastive_accuracy(z1, z2)
+        tensor(0.5000)
+        >>> contrastive_accuracy(z1, z2, top_k=(1, 2))
+        {'contrastive_accuracy/1': tensor(0.5000), 'contrastive_accuracy/2': tensor(0.6667)}
+    """
+    single = isinstance(top_k, int) and not isinstance(top_k, bool)
+    ks = check_top_k("top_k", top_k, allow_empty=False)
+    z1, z2 = _check_inputs(z1, z2, eps, chunk_size)
+    dtype = torch.promote_types(torch.promote_types(z1.dtype, z2.dtype), torch.float32)
+    a = _prepare(z1, dtype, normalize, float(eps))
+    b = _prepare(z2, dtype, normalize, float(eps))
+    above_1, above_2 = _count_more_similar(a, b, chunk_size or DEFAULT_CHUNK)
+    scores = {k: 0.5 * ((above_1 < k).float().mean() + (above_2 < k).float().mean()) for k in ks}
+    if single:
+        return scores[ks[0]]
+    return {f"contrastive_accuracy/{k}": scores[k] for k in ks}
