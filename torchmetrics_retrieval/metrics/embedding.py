@@ -1,0 +1,318 @@
+"""``EmbeddingMetrics``: every retrieval metric of an embedding model, accumulated batch by batch, exact under DDP."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import fields as dataclass_fields
+from typing import Any, Literal, cast
+
+import torch
+from torch import Tensor
+
+from torchmetrics_retrieval.functional._checks import check_positive_int, describe
+from torchmetrics_retrieval.functional.knn import Distance, KNNBackend
+from torchmetrics_retrieval.functional.ranking import PrecisionMode
+from torchmetrics_retrieval.functional.reduction import EmptyTargetAction
+from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
+from torchmetrics_retrieval.functional.retrieval import RetrievalOptions, RetrievalResult, retrieval_metrics
+from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator
+
+__all__ = ["EmbeddingMetrics"]
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def _check_storage_dtype(value: Any) -> torch.dtype | None:
+    if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
+        raise TypeError(f"`storage_dtype` must be a floating torch.dtype or None, got {describe(value)}.")
+    return value
+
+
+class EmbeddingMetrics(SampleAccumulator):
+    r"""Retrieval metrics of embeddings (CMC, precision, recall, mAP, NDCG, MAP@R, MRR, FNMR@FMR, PCF, NMI/AMI).
+
+    ``update`` stores the embeddings, labels and optional per-sample fields of a batch; ``compute``
+    gathers them across processes, drops the duplicates that ``DistributedSampler`` adds (when ``indexes``
+    are given) and calls :func:`~torchmetrics_retrieval.functional.retrieval_metrics` once: one exact
+    kNN pass serves every requested metric. The definitions are those of DESIGN.md section 3 (ties
+    ordered by position in the accumulated set, lone queries by ``empty_target_action``).
+
+    Order of the accumulated set, which decides the tie order:
+
+    * with ``indexes``: one sample per distinct index, ordered by index. The result is then the same
+      for any number of processes and any batch split;
+    * without: the samples in the order of the gather, i.e. rank 0's samples in update order, then
+      rank 1's, ... (a single process: update order). Distance ties and DistributedSampler's padded
+      duplicates may then make results depend on the number of processes.
+
+    Args:
+        cmc_top_k, precision_top_k, map_top_k, recall_top_k, ndcg_top_k: cutoffs (int or tuple of ints >= 1).
+        map_at_r, r_precision, mrr, map_full, clustering: switch on MAP@R, R-precision, MRR (full ranking),
+            full average precision (key ``map``), NMI/AMI of a k-means clustering.
+        fmr_vals: FMR values f in [0, 1] for ``fnmr@fmr/{f}`` and ``tar@far/{f}``.
+        pcf_variance: explained-variance fractions r in [0, 1] for ``pcf/{r}`` (over every sample).
+        distance: ``"euclidean"``, ``"sqeuclidean"``, ``"cosine"`` or ``"dot"``.
+        normalize: L2-normalise the embeddings before anything else.
+        precision_mode: ``"min_k_n"`` (divide by min(k, n(q)), the default) or ``"standard"`` (by k).
+        empty_target_action: queries without a relevant item: ``"skip"``, ``"neg"``, ``"pos"``, ``"error"``.
+        avg_of_avgs: average per query label first, then over labels.
+        per_class: also report ``{key}/class/{label}``.
+        label_comparison_fn: custom relevance, called as ``fn(query_labels[:, None], gallery_labels[None])``
+            (must be picklable to pickle or clone the metric across processes).
+        knn_backend: ``"auto"``, ``"torch"`` or ``"faiss"``.
+        chunk_size: rows per distance block (None: from a memory budget).
+        storage_dtype: dtype the embeddings are stored in (e.g. ``torch.float16`` halves the memory);
+            ``compute`` upcasts half precision to float32. None: the dtype of the first batch.
+        prefix: string put before every key of the result (e.g. ``"val/"``).
+        kwargs: torchmetrics' options (``compute_on_cpu``, ``sync_on_compute``, ``process_group``,
+            ``dist_sync_fn``, ...); any other keyword is an error.
+
+    States are not saved in ``state_dict`` by default (they hold every embedding); call
+    ``metric.persistent(True)`` to save them.
+
+    Example:
+        >>> metric = EmbeddingMetrics(cmc_top_k=(1,), precision_top_k=(2,), map_top_k=(), mrr=True, prefix="val/")
+        >>> metric.update(torch.tensor([[0.0], [0.3], [5.0]]), torch.tensor([0, 0, 1]))
+        >>> metric.update(torch.tensor([[5.1], [0.2]]), torch.tensor([1, 1]))
+        >>> {key: round(float(value), 4) for key, value in metric.compute().items()}
+        {'val/cmc/1': 0.4, 'val/precision/2': 0.6, 'val/mrr': 0.6667}
+        >>> metric.worst_queries("cmc/1", 2).tolist()  # positions in the accumulated set
+        [0, 1]
+    """
+
+    is_differentiable = False
+    higher_is_better = True
+    full_state_update = False
+    plot_lower_bound = 0.0
+    plot_upper_bound = 1.0
+
+    _fields = (
+        FieldSpec("embeddings", "embeddings"),
+        FieldSpec("labels", "labels"),
+        FieldSpec("is_query", "mask", optional=True),
+        FieldSpec("is_gallery", "mask", optional=True),
+        FieldSpec("sequence_ids", "ids", optional=True),
+        FieldSpec("search_groups", "ids", optional=True),
+        FieldSpec("categories", "ids", optional=True),
+        FieldSpec("indexes", "indexes", optional=True),
+    )
+
+    embeddings: list[Tensor]
+    labels: list[Tensor]
+
+    def __init__(
+        self,
+        *,
+        cmc_top_k: int | Iterable[int] = (1, 5),
+        precision_top_k: int | Iterable[int] = (5,),
+        map_top_k: int | Iterable[int] = (5,),
+        recall_top_k: int | Iterable[int] = (),
+        ndcg_top_k: int | Iterable[int] = (),
+        map_at_r: bool = False,
+        r_precision: bool = False,
+        mrr: bool = False,
+        map_full: bool = False,
+        clustering: bool = False,
+        fmr_vals: float | Iterable[float] = (),
+        pcf_variance: float | Iterable[float] = (),
+        distance: Distance = "euclidean",
+        normalize: bool = False,
+        precision_mode: PrecisionMode = "min_k_n",
+        empty_target_action: EmptyTargetAction = "skip",
+        avg_of_avgs: bool = False,
+        per_class: bool = False,
+        label_comparison_fn: LabelComparisonFn | None = None,
+        knn_backend: KNNBackend = "auto",
+        chunk_size: int | None = None,
+        storage_dtype: torch.dtype | None = None,
+        prefix: str = "",
+        **kwargs: Any,
+    ) -> None:
+        options = RetrievalOptions.create(
+            cmc_top_k=cmc_top_k,
+            precision_top_k=precision_top_k,
+            map_top_k=map_top_k,
+            recall_top_k=recall_top_k,
+            ndcg_top_k=ndcg_top_k,
+            map_at_r=map_at_r,
+            r_precision=r_precision,
+            mrr=mrr,
+            map_full=map_full,
+            clustering=clustering,
+            fmr_vals=fmr_vals,
+            pcf_variance=pcf_variance,
+            distance=distance,
+            normalize=normalize,
+            precision_mode=precision_mode,
+            empty_target_action=empty_target_action,
+            avg_of_avgs=avg_of_avgs,
+            per_class=per_class,
+            label_comparison_fn=label_comparison_fn,
+            knn_backend=knn_backend,
+            chunk_size=chunk_size,
+        )
+        if not isinstance(prefix, str):
+            raise TypeError(f"`prefix` must be a str, got {describe(prefix)}.")
+        storage = _check_storage_dtype(storage_dtype)
+        super().__init__(**kwargs)
+        self.options = options
+        self.storage_dtype = storage
+        self.prefix = prefix
+        self._per_query: RetrievalResult | None = None
+        self._sample_indexes: Tensor | None = None
+
+    def update(
+        self,
+        embeddings: Tensor,
+        labels: Tensor,
+        is_query: Tensor | None = None,
+        is_gallery: Tensor | None = None,
+        sequence_ids: Tensor | None = None,
+        search_groups: Tensor | None = None,
+        categories: Tensor | None = None,
+        indexes: Tensor | None = None,
+    ) -> None:
+        """Store a batch (nothing is stored if a check fails; a batch of zero rows is a no-op).
+
+        Args:
+            embeddings: ``(B, D)`` floating, finite; D the same in every batch.
+            labels: ``(B,)`` or ``(B, L)``, any real dtype; shape and dtype the same in every batch.
+            is_query, is_gallery: ``(B,)`` bool; a missing mask means all True (every sample is then
+                both a query and a gallery item, and never retrieves itself).
+            sequence_ids: ``(B,)``; a query never retrieves items of its own sequence.
+            search_groups: ``(B,)``; a query only retrieves items of its own group.
+            categories: ``(B,)``; every metric is also reported per query category.
+            indexes: ``(B,)`` integer dataset index of each sample, to drop DDP duplicates and fix the order.
+
+        An optional field given in one batch must be given in every batch (and vice versa).
+
+        Raises:
+            TypeError, ValueError: naming the argument and what was expected.
+        """
+        self._per_query = None
+        self._store(
+            embeddings=embeddings,
+            labels=labels,
+            is_query=is_query,
+            is_gallery=is_gallery,
+            sequence_ids=sequence_ids,
+            search_groups=search_groups,
+            categories=categories,
+            indexes=indexes,
+        )
+
+    def _prepare(self, batch: dict[str, Tensor | None]) -> dict[str, Tensor | None]:
+        """Cast the embeddings to ``storage_dtype`` (or to the dtype of the first stored batch)."""
+        embeddings = batch["embeddings"]
+        dtype = self.storage_dtype or (self.embeddings[0].dtype if len(self.embeddings) else None)
+        if embeddings is not None and dtype is not None:
+            batch["embeddings"] = embeddings.to(dtype)
+        return batch
+
+    def _compute_samples(self, fields: dict[str, Tensor | None], indexes: Tensor | None) -> dict[str, Tensor]:
+        embeddings = cast(Tensor, fields.pop("embeddings"))  # never None: _collect raises first
+        labels = cast(Tensor, fields.pop("labels"))
+        if embeddings.dtype in _LOW_PRECISION:
+            embeddings = embeddings.float()
+        options = {f.name: getattr(self.options, f.name) for f in dataclass_fields(self.options)}
+        metrics, result = retrieval_metrics(embeddings, labels, return_per_query=True, **fields, **options)
+        self._per_query = result
+        self._sample_indexes = indexes
+        return {f"{self.prefix}{key}": value for key, value in metrics.items()}
+
+    def reset(self) -> None:
+        """Forget every stored sample and the per-query results."""
+        super().reset()
+        self._per_query = None
+        self._sample_indexes = None
+
+    @property
+    def per_query(self) -> RetrievalResult | None:
+        """Per-query values, retrieved positions and distances of the last ``compute()``.
+
+        Positions (``indices``, ``query_positions``) refer to the accumulated set after the gather and the
+        de-duplication; :attr:`sample_indexes` maps them to dataset indexes. None before ``compute()``
+        (and after ``update``/``reset``) or when no ranking metric was requested.
+        """
+        return self._per_query
+
+    @property
+    def sample_indexes(self) -> Tensor | None:
+        """``(N,)`` dataset index of every position of the accumulated set (None when ``indexes`` were not given)."""
+        return self._sample_indexes
+
+    def worst_queries(self, metric: str, n: int = 10) -> Tensor:
+        """Positions (in the accumulated set) of the ``n`` counted queries with the lowest ``metric``, ties by position.
+
+        Args:
+            metric: a per-query key such as ``"cmc/1"`` or ``"map/5"``, with or without ``prefix``.
+            n: number of queries (fewer if fewer queries count).
+
+        Raises:
+            RuntimeError: before ``compute()`` or when no ranking metric was requested.
+            ValueError: for an unknown key or ``n < 1``.
+        """
+        result = self._require_per_query()
+        check_positive_int("n", n)
+        if metric not in result.values and self.prefix and metric.startswith(self.prefix):
+            metric = metric[len(self.prefix) :]
+        return result.worst_queries(metric, n)
+
+    def _require_per_query(self) -> RetrievalResult:
+        if self._per_query is None:
+            raise RuntimeError(
+                "No per-query results: call compute() first (after the last update), with at least one ranking "
+                "metric requested."
+            )
+        return self._per_query
+
+    def plot(self, val: dict[str, Tensor] | list[dict[str, Tensor]] | None = None, ax: Any = None) -> Any:
+        """Plot the metric values (torchmetrics' convention): one point per key, or one line per key over steps.
+
+        Args:
+            val: a result of ``compute()`` or a list of them (one per step); None: call ``compute()``.
+            ax: a matplotlib axis to draw on (None: a new figure).
+
+        Returns:
+            ``(figure, axis)``.
+
+        Example:
+            >>> import matplotlib; matplotlib.use("Agg")
+            >>> metric = EmbeddingMetrics(cmc_top_k=(1,), map_top_k=(), precision_top_k=(1,))
+            >>> metric.update(torch.tensor([[0.0], [0.1], [5.0], [5.1]]), torch.tensor([0, 0, 1, 1]))
+            >>> fig, ax = metric.plot()
+        """
+        from torchmetrics_retrieval.plotting import require_matplotlib
+
+        require_matplotlib()
+        return self._plot(val, ax)
+
+    def plot_curve(self, curve: Literal["cmc", "precision"] = "cmc", ax: Any = None) -> Any:
+        """Plot the CMC curve (``curve="cmc"``) or the precision@k curve (``"precision"``) of the last compute.
+
+        The curve runs over k = 1 .. K, K the largest cutoff retrieved (see :func:`plotting.plot_cmc_curve`).
+        """
+        from torchmetrics_retrieval.plotting import plot_cmc_curve
+
+        if self._per_query is None:
+            self.compute()
+        return plot_cmc_curve(self._require_per_query(), curve=curve, precision_mode=self.options.precision_mode, ax=ax)
+
+    def plot_worst_queries(
+        self, metric: str, n: int = 5, *, n_neighbours: int = 5, draw_item: Callable[[Any, int], None] | None = None
+    ) -> Any:
+        """A grid of the ``n`` worst queries for ``metric`` and their nearest retrieved items.
+
+        ``draw_item(ax, item)`` draws one item, where ``item`` is its dataset index when ``indexes`` were
+        given, else its position in the accumulated set. See :func:`plotting.plot_worst_queries`.
+        """
+        from torchmetrics_retrieval.plotting import plot_worst_queries
+
+        if self._per_query is None:
+            self.compute()
+        result = self._require_per_query()
+        if metric not in result.values and self.prefix and metric.startswith(self.prefix):
+            metric = metric[len(self.prefix) :]
+        return plot_worst_queries(
+            result, metric, n, n_neighbours=n_neighbours, draw_item=draw_item, item_ids=self._sample_indexes
+        )

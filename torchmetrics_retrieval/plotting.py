@@ -1,0 +1,247 @@
+"""Matplotlib figures for retrieval results: metric values, CMC / precision@k curves, the worst queries.
+
+matplotlib is an optional dependency (the ``plot`` extra); it is imported inside the functions, and a
+missing install raises an ``ImportError`` that says how to get it. Every function returns
+``(figure, axes)`` like torchmetrics' ``plot`` methods; the figure is None when an axis was given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from torchmetrics_retrieval.functional import ranking
+from torchmetrics_retrieval.functional._checks import check_choice, check_positive_int
+from torchmetrics_retrieval.functional.reduction import EmptyTargetAction, apply_empty_target_action, masked_mean
+from torchmetrics_retrieval.functional.retrieval import RetrievalResult
+
+__all__ = ["cmc_curve", "plot_cmc_curve", "plot_curve", "plot_worst_queries", "require_matplotlib"]
+
+Curve = Literal["cmc", "precision"]
+
+
+def require_matplotlib() -> ModuleType:
+    """Return ``matplotlib.pyplot``, or raise an ``ImportError`` naming the ``plot`` extra."""
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError as err:
+        raise ImportError(
+            "Plotting needs matplotlib, which is not installed: `pip install 'torchmetrics-retrieval[plot]'` "
+            "(or `pip install matplotlib`)."
+        ) from err
+    return plt
+
+
+def _figure_and_axis(ax: Any) -> tuple[Any, Any]:
+    plt = require_matplotlib()
+    return plt.subplots() if ax is None else (None, ax)
+
+
+def plot_curve(
+    x: Tensor,
+    y: Tensor,
+    *,
+    ax: Any = None,
+    label: str | None = None,
+    xlabel: str = "",
+    ylabel: str = "",
+    ylim: tuple[float, float] | None = (0.0, 1.0),
+    marker: str | None = None,
+) -> tuple[Any, Any]:
+    """Draw one curve ``y(x)`` on ``ax`` (or on a new figure); the building block of every curve plot.
+
+    Args:
+        x, y: ``(P,)`` tensors (any device).
+        ax: a matplotlib axis, or None for a new figure.
+        label: legend entry of the curve.
+        xlabel, ylabel: axis titles.
+        ylim: y range (None: matplotlib's choice).
+        marker: matplotlib marker (None: a plain line).
+
+    Returns:
+        ``(figure or None, axis)``.
+    """
+    fig, ax = _figure_and_axis(ax)
+    ax.plot(x.detach().cpu().numpy(), y.detach().cpu().numpy(), marker=marker, label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    ax.grid(True, alpha=0.3)
+    if label is not None:
+        ax.legend()
+    return fig, ax
+
+
+def cmc_curve(
+    result: RetrievalResult,
+    curve: Curve = "cmc",
+    *,
+    precision_mode: ranking.PrecisionMode = "min_k_n",
+    empty_target_action: EmptyTargetAction = "skip",
+) -> tuple[Tensor, Tensor]:
+    """CMC@k or precision@k for every k = 1 .. K from per-query results (K: the columns retrieved).
+
+    Queries count as in the metrics: lone queries follow ``empty_target_action``.
+
+    Returns:
+        ``(ks, values)``: ``(K,)`` int64 cutoffs and ``(K,)`` mean values.
+
+    Example:
+        >>> from torchmetrics_retrieval.functional import retrieval_metrics
+        >>> x, labels = torch.tensor([[0.0], [0.3], [5.0], [5.1], [0.2]]), torch.tensor([0, 0, 1, 1, 1])
+        >>> _, result = retrieval_metrics(
+        ...     x, labels, cmc_top_k=(3,), precision_top_k=(), map_top_k=(), return_per_query=True
+        ... )
+        >>> ks, values = cmc_curve(result)
+        >>> ks.tolist(), [round(v, 4) for v in values.tolist()]
+        ([1, 2, 3], [0.4, 0.8, 1.0])
+    """
+    check_choice("curve", curve, ("cmc", "precision"))
+    is_relevant, n_relevant = result.is_relevant, result.n_relevant
+    ks = tuple(range(1, is_relevant.shape[1] + 1))
+    if curve == "cmc":
+        table = ranking.cmc_at_k(is_relevant, n_relevant, ks)
+    else:
+        n_candidates = result.valid.sum(dim=1)  # min(K, |G(q)|); min(k, .) equals min(k, |G(q)|) for k <= K
+        table = ranking.precision_at_k(is_relevant, n_relevant, ks, mode=precision_mode, n_candidates=n_candidates)
+    table, counted = apply_empty_target_action(table, n_relevant, empty_target_action)
+    return torch.tensor(ks), masked_mean(table, counted, name=f"{curve} curve")
+
+
+def plot_cmc_curve(
+    result: RetrievalResult,
+    *,
+    curve: Curve = "cmc",
+    precision_mode: ranking.PrecisionMode = "min_k_n",
+    empty_target_action: EmptyTargetAction = "skip",
+    ax: Any = None,
+    label: str | None = None,
+) -> tuple[Any, Any]:
+    """Plot the CMC curve (``curve="cmc"``) or the precision@k curve (``"precision"``) of per-query results.
+
+    Args:
+        result: ``EmbeddingMetrics.per_query`` or the second output of
+            ``retrieval_metrics(..., return_per_query=True)``.
+        curve: ``"cmc"`` or ``"precision"``.
+        precision_mode, empty_target_action: as in the metrics (use the same as the metric's options).
+        ax: a matplotlib axis, or None for a new figure.
+        label: legend entry (e.g. the model's name, to compare models on one axis).
+
+    Returns:
+        ``(figure or None, axis)``.
+
+    Example:
+        >>> import matplotlib; matplotlib.use("Agg")
+        >>> from torchmetrics_retrieval.functional import retrieval_metrics
+        >>> x, labels = torch.tensor([[0.0], [0.3], [5.0], [5.1], [0.2]]), torch.tensor([0, 0, 1, 1, 1])
+        >>> _, result = retrieval_metrics(x, labels, cmc_top_k=(3,), return_per_query=True)
+        >>> fig, ax = plot_cmc_curve(result)
+        >>> ax.get_ylabel()
+        'CMC@k'
+    """
+    ks, values = cmc_curve(result, curve, precision_mode=precision_mode, empty_target_action=empty_target_action)
+    return plot_curve(
+        ks,
+        values,
+        ax=ax,
+        label=label,
+        xlabel="k",
+        ylabel="CMC@k" if curve == "cmc" else "precision@k",
+        marker="o" if ks.numel() <= 30 else None,
+    )
+
+
+def _query_rows(result: RetrievalResult, positions: Tensor) -> list[int]:
+    """Row of each query position inside the per-query tensors."""
+    return [int(torch.nonzero(result.query_positions == p)[0]) for p in positions.tolist()]
+
+
+def _clear_ticks(ax: Any) -> None:
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _draw(ax: Any, item: int, draw_item: Callable[[Any, int], None] | None) -> None:
+    if draw_item is None:
+        ax.text(0.5, 0.5, str(item), ha="center", va="center", transform=ax.transAxes)
+    else:
+        draw_item(ax, item)
+    _clear_ticks(ax)
+
+
+def _frame(ax: Any, color: str) -> None:
+    for spine in ax.spines.values():
+        spine.set_edgecolor(color)
+        spine.set_linewidth(3)
+
+
+def plot_worst_queries(
+    result: RetrievalResult,
+    metric: str,
+    n: int = 5,
+    *,
+    n_neighbours: int = 5,
+    draw_item: Callable[[Any, int], None] | None = None,
+    item_ids: Tensor | None = None,
+) -> tuple[Any, Any]:
+    """A grid: one row per worst query for ``metric`` (lowest value first), the query then its nearest items.
+
+    Retrieved items are framed green when relevant, red otherwise, and titled with their distance.
+
+    Args:
+        result: per-query results (``EmbeddingMetrics.per_query``).
+        metric: a per-query key of ``result.values`` (e.g. ``"cmc/1"``).
+        n: number of queries (fewer if fewer queries count).
+        n_neighbours: retrieved items shown per query (at most the number retrieved).
+        draw_item: ``draw_item(ax, item)`` draws one item on an axis (e.g. ``ax.imshow(images[item])``);
+            None writes the item's id.
+        item_ids: ``(N,)`` id given to ``draw_item`` for each position of the input set (e.g.
+            ``EmbeddingMetrics.sample_indexes``); None: the position itself.
+
+    Returns:
+        ``(figure, axes)`` with ``axes`` a ``(rows, 1 + n_neighbours)`` array.
+
+    Raises:
+        ValueError: for an unknown ``metric``, ``n < 1``, or when no query counts.
+
+    Example:
+        >>> import matplotlib; matplotlib.use("Agg")
+        >>> from torchmetrics_retrieval.functional import retrieval_metrics
+        >>> x, labels = torch.tensor([[0.0], [0.3], [5.0], [5.1], [0.2]]), torch.tensor([0, 0, 1, 1, 1])
+        >>> _, result = retrieval_metrics(x, labels, cmc_top_k=(3,), return_per_query=True)
+        >>> fig, axes = plot_worst_queries(result, "cmc/3", 2, n_neighbours=3)
+        >>> axes.shape
+        (2, 4)
+    """
+    plt = require_matplotlib()
+    check_positive_int("n_neighbours", n_neighbours)
+    positions = result.worst_queries(metric, n)
+    if positions.numel() == 0:
+        raise ValueError(f"`metric` {metric!r} has no counted query to show, got {result.counted.numel()} queries.")
+    columns = 1 + min(n_neighbours, result.indices.shape[1])
+
+    def item_id(position: int) -> int:
+        return position if item_ids is None else int(item_ids[position])
+
+    fig, axes = plt.subplots(
+        positions.numel(), columns, figsize=(1.6 * columns, 1.8 * positions.numel()), squeeze=False
+    )
+    for row, (position, q) in enumerate(zip(positions.tolist(), _query_rows(result, positions), strict=True)):
+        _draw(axes[row, 0], item_id(position), draw_item)
+        axes[row, 0].set_title(f"query {item_id(position)}\n{metric}={float(result.values[metric][q]):.3g}", fontsize=8)
+        _frame(axes[row, 0], "black")
+        for col in range(1, columns):
+            ax = axes[row, col]
+            if not bool(result.valid[q, col - 1]):
+                ax.axis("off")
+                continue
+            _draw(ax, item_id(int(result.indices[q, col - 1])), draw_item)
+            ax.set_title(f"{float(result.distances[q, col - 1]):.3g}", fontsize=8)
+            _frame(ax, "tab:green" if bool(result.is_relevant[q, col - 1]) else "tab:red")
+    fig.tight_layout()
+    return fig, axes
