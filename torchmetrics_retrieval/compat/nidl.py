@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._checks import describe
+from torchmetrics_retrieval.functional._checks import check_embeddings, describe
 from torchmetrics_retrieval.functional.contrastive import contrastive_accuracy
 
 __all__ = ["contrastive_accuracy_score"]
@@ -40,9 +40,10 @@ def _check_arguments(z1: Any, z2: Any, topk: Any) -> None:
         raise ValueError(f"`z1` and `z2` must have at least one row, got shape {tuple(z1.shape)}.")
 
 
-def _prepare_numpy(z: np.ndarray, normalize: bool, eps: float) -> Tensor:
-    """nidl's numpy path: float32, rows divided by ``norm + eps``."""
+def _prepare_numpy(name: str, z: np.ndarray, normalize: bool, eps: float) -> Tensor:
+    """nidl's numpy path: float32, rows divided by ``norm + eps`` (finite values checked first)."""
     z = z.astype(np.float32)
+    check_embeddings(name, torch.from_numpy(z))
     if normalize:
         z = z / (np.linalg.norm(z, axis=1, keepdims=True) + eps)
     return torch.from_numpy(np.ascontiguousarray(z))
@@ -117,7 +118,7 @@ def contrastive_accuracy_score(
     n = z1.shape[0]
     k = min(int(topk), n)
     if isinstance(z1, np.ndarray):
-        a, b = _prepare_numpy(z1, normalize, eps), _prepare_numpy(np.asarray(z2), normalize, eps)
+        a, b = _prepare_numpy("z1", z1, normalize, eps), _prepare_numpy("z2", np.asarray(z2), normalize, eps)
         return _exact_fraction(contrastive_accuracy(a, b, k, normalize=False), n)
     a, b = _prepare_torch(z1, normalize, eps), _prepare_torch(torch.as_tensor(z2), normalize, eps)
     return contrastive_accuracy(a, b, k, normalize=False)
