@@ -1,0 +1,332 @@
+"""Speed and peak memory of ``retrieval_metrics`` against bare faiss kNN, pytorch-metric-learning and OML.
+
+Every method runs in its own fresh subprocess on the same seeded clustered data (``_common.py``): the
+worker builds the data, resets the peak-RSS counter, runs the method twice and reports the best time and
+the peak RSS above the RSS it had once the data existed. The orchestrator prints one table per
+(N, label regime) with the ratio of every method to the bare faiss kNN and our speed-up over the anchors.
+
+Methods (K = max(5, max n(q)): what our call needs for cmc@5/precision@5/map@5, map@r and r-precision):
+
+* ``matmul``: the float32 matrix product alone, row block by row block (a floor, no selection);
+* ``faiss``: ``faiss.IndexFlatL2`` search with K + 1 neighbours (the self match comes back first);
+* ``ours``: ``retrieval_metrics(cmc@1, cmc@5, precision@5, map@5, map@r, r_precision)``;
+* ``ours_map_full``: the same plus ``map_full=True`` (full-ranking MAP; only up to ``--map-full-max``);
+* ``pml``: ``AccuracyCalculator(precision_at_1, r_precision, mean_average_precision_at_r,
+  k="max_bin_count")`` with ``ref_includes_query=True``;
+* ``oml``: open-metric-learning's ``batched_knn_qg`` (top_n = K, self masked by id) and
+  ``calc_retrieval_metrics`` (cmc@1, cmc@5, precision@5, map@5), run by ``--oml-python``.
+
+Usage::
+
+    python benchmarks/bench_retrieval.py                      # smoke run, N = 10k, both regimes
+    python benchmarks/bench_retrieval.py --sizes 10000 30000 100000 --regimes per_class20 classes100 \\
+        --oml-python /tmp/omlvenv/bin/python
+    python benchmarks/bench_retrieval.py --profile --sizes 100000 --regimes classes100   # where our time goes
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import REGIMES, Regime, best_of, clustered_embeddings, memory_mib, reset_peak_memory
+
+METHODS: tuple[str, ...] = ("matmul", "faiss", "ours", "ours_map_full", "pml", "oml")
+#: Our cutoffs, and the keys of every method's values that estimate the same quantity as ours.
+OURS_OPTIONS: dict[str, Any] = {
+    "cmc_top_k": (1, 5),
+    "precision_top_k": (5,),
+    "map_top_k": (5,),
+    "map_at_r": True,
+    "r_precision": True,
+}
+PML_KEYS = {"precision_at_1": "cmc/1", "r_precision": "r_precision", "mean_average_precision_at_r": "map_at_r"}
+MATMUL_ROWS = 4096
+MIB = 2**20
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the methods (each returns a flat {our key: float} of the values it computed)
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def search_k(labels: Tensor) -> int:
+    """K of our call: the largest cutoff (5) or the largest number of relevant items of a query."""
+    counts = torch.bincount(torch.unique(labels, return_inverse=True)[1])
+    return max(5, int(counts.max()) - 1)
+
+
+def run_matmul(x: Tensor, labels: Tensor) -> dict[str, float]:
+    block = torch.empty(min(MATMUL_ROWS, x.shape[0]), x.shape[0])
+    for start in range(0, x.shape[0], MATMUL_ROWS):
+        rows = x[start : start + MATMUL_ROWS]
+        torch.mm(rows, x.T, out=block[: rows.shape[0]])
+    return {}
+
+
+def run_faiss(x: Tensor, labels: Tensor) -> dict[str, float]:
+    import faiss
+
+    index = faiss.IndexFlatL2(x.shape[1])
+    data = x.numpy()
+    index.add(data)
+    _, indices = index.search(data, search_k(labels) + 1)
+    hits = labels[torch.from_numpy(indices[:, 1:2])].squeeze(1) == labels
+    return {"cmc/1": float(hits.float().mean())}  # ignores exact ties with the self match; a sanity value
+
+
+def _ours(x: Tensor, labels: Tensor, **extra: Any) -> dict[str, float]:
+    from torchmetrics_retrieval.functional import retrieval_metrics
+
+    return {key: float(value) for key, value in retrieval_metrics(x, labels, **OURS_OPTIONS, **extra).items()}
+
+
+def run_ours(x: Tensor, labels: Tensor) -> dict[str, float]:
+    return _ours(x, labels)
+
+
+def run_ours_map_full(x: Tensor, labels: Tensor) -> dict[str, float]:
+    return _ours(x, labels, map_full=True)
+
+
+def run_pml(x: Tensor, labels: Tensor) -> dict[str, float]:
+    from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
+
+    calculator = AccuracyCalculator(include=tuple(PML_KEYS), k="max_bin_count", device=torch.device("cpu"))
+    values = calculator.get_accuracy(x, labels, x, labels, ref_includes_query=True)
+    return {PML_KEYS[key]: float(value) for key, value in values.items()}
+
+
+def run_oml(x: Tensor, labels: Tensor) -> dict[str, float]:
+    from oml.functional.knn import batched_knn_qg
+    from oml.functional.metrics import calc_retrieval_metrics
+
+    ids = torch.arange(x.shape[0])
+    _, retrieved, gt_ids = batched_knn_qg(
+        x, x, search_k(labels), labels_query=labels, labels_gallery=labels, ids_query=ids, ids_gallery=ids
+    )
+    metrics = calc_retrieval_metrics(
+        retrieved, gt_ids, cmc_top_k=(1, 5), precision_top_k=(5,), map_top_k=(5,), verbose=False
+    )
+    return {f"{name}/{k}": float(value) for name, by_k in metrics.items() for k, value in by_k.items()}
+
+
+RUNNERS: dict[str, Callable[[Tensor, Tensor], dict[str, float]]] = {
+    "matmul": run_matmul,
+    "faiss": run_faiss,
+    "ours": run_ours,
+    "ours_map_full": run_ours_map_full,
+    "pml": run_pml,
+    "oml": run_oml,
+}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# one measurement (run in a fresh process by the orchestrator)
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _import_for(method: str) -> None:
+    """Import the method's libraries before the data exists, so the memory baseline includes them."""
+    modules = {
+        "faiss": ["faiss"],
+        "ours": ["torchmetrics_retrieval.functional"],
+        "ours_map_full": ["torchmetrics_retrieval.functional"],
+        "pml": ["pytorch_metric_learning.utils.accuracy_calculator"],
+        "oml": ["oml.functional.knn", "oml.functional.metrics"],
+    }
+    for module in modules.get(method, []):
+        __import__(module)
+
+
+def set_threads(threads: int) -> None:
+    """Use ``threads`` CPU threads in torch and, where it is importable, faiss (the same for every method)."""
+    torch.set_num_threads(threads)
+    try:
+        import faiss
+    except ImportError:
+        return
+    faiss.omp_set_num_threads(threads)
+
+
+def measure(method: str, n: int, regime: Regime, *, seed: int = 0, repeats: int = 2) -> dict[str, Any]:
+    """Time ``method`` on the seeded data set (best of ``repeats``) and its peak RSS above the data.
+
+    Returns:
+        ``{"method", "n", "regime", "k", "seconds", "peak_mib", "data_mib", "values"}``; ``peak_mib`` is
+        the peak RSS above the RSS once the data existed (over all repeats), -1 where it cannot be read.
+    """
+    if method not in RUNNERS:
+        raise ValueError(f"`method` must be one of {METHODS}, got {method!r}.")
+    _import_for(method)
+    x, labels = clustered_embeddings(n, regime, seed=seed)
+    can_reset = reset_peak_memory()
+    baseline, _ = memory_mib()
+    seconds, values = best_of(lambda: RUNNERS[method](x, labels), repeats)
+    _, peak = memory_mib()
+    return {
+        "method": method,
+        "n": n,
+        "regime": regime,
+        "k": search_k(labels),
+        "seconds": seconds,
+        "peak_mib": peak - baseline if can_reset else -1.0,
+        "data_mib": x.numel() * x.element_size() / MIB,
+        "threads": torch.get_num_threads(),
+        "values": values,
+    }
+
+
+def profile_ours(n: int, regime: Regime, *, seed: int = 0, top: int = 25) -> str:
+    """cProfile of one warm call of ``retrieval_metrics``: the functions with the largest cumulative time."""
+    x, labels = clustered_embeddings(n, regime, seed=seed)
+    run_ours(x, labels)  # warm-up
+    profiler = cProfile.Profile()
+    profiler.runcall(run_ours, x, labels)
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats("cumulative").print_stats(r"torchmetrics_retrieval|torch/functional|sparse", top)
+    return out.getvalue()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# orchestration
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _run_worker(python: str, method: str, n: int, regime: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Run one measurement in a fresh interpreter; a failure becomes ``{"status": ...}``."""
+    command = [python, str(Path(__file__).resolve()), "--worker", method, "--sizes", str(n), "--regimes", regime]
+    command += ["--seed", str(args.seed), "--repeats", str(args.repeats)]
+    command += [] if args.threads is None else ["--threads", str(args.threads)]
+    timeout = args.timeout
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {"method": method, "status": f"timeout > {timeout:.0f} s"}
+    if done.returncode == -signal.SIGKILL:
+        return {"method": method, "status": "OOM/killed"}
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["?"])[-1]
+        return {"method": method, "status": f"failed (exit {done.returncode}): {last[:80]}"}
+    return {"status": "ok", **json.loads(done.stdout.strip().splitlines()[-1])}
+
+
+def _skip_reason(method: str, n: int, args: argparse.Namespace) -> str | None:
+    if method == "oml" and args.oml_python is None:
+        return "not installed (give --oml-python)"
+    if method == "oml" and n > args.skip_oml_above:
+        return f"skipped (N > --skip-oml-above {args.skip_oml_above})"
+    if method == "ours_map_full" and n > args.map_full_max:
+        return f"skipped (N > --map-full-max {args.map_full_max})"
+    return None
+
+
+def _value_check(rows: dict[str, dict[str, Any]]) -> str:
+    """Largest difference between our values and each anchor's on the keys both computed."""
+    ours = rows.get("ours", {}).get("values")
+    if not ours:
+        return ""
+    parts = []
+    for method in ("pml", "oml"):
+        theirs = rows.get(method, {}).get("values") or {}
+        common = sorted(set(ours) & set(theirs))
+        if common:
+            diff = max(abs(ours[key] - theirs[key]) for key in common)
+            parts.append(f"max |ours - {method}| over {', '.join(common)}: {diff:.2e}")
+    shown = ", ".join(f"{key} {value:.4f}" for key, value in ours.items())
+    return "\n".join([f"our values: {shown}", *parts])
+
+
+def format_table(n: int, regime: str, rows: dict[str, dict[str, Any]]) -> str:
+    """One Markdown table for one (N, regime): seconds, peak MiB above the data, ratios."""
+    k = next((row["k"] for row in rows.values() if "k" in row), "?")
+    data = next((row["data_mib"] for row in rows.values() if "data_mib" in row), float("nan"))
+    faiss_s = rows.get("faiss", {}).get("seconds")
+    ours_s = rows.get("ours", {}).get("seconds")
+    lines = [
+        f"N = {n}, {regime}, K = {k} (faiss K + 1 = {k + 1 if isinstance(k, int) else '?'}), embeddings {data:.0f} MiB",
+        "",
+        "| method | seconds | peak MiB above data | x bare faiss | ours faster by |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for method, row in rows.items():
+        if row.get("status") != "ok":
+            lines.append(f"| {method} | {row.get('status')} | | | |")
+            continue
+        seconds = row["seconds"]
+        ratio = f"{seconds / faiss_s:.2f}" if faiss_s else ""
+        speedup = f"{seconds / ours_s:.2f}x" if ours_s and method in ("pml", "oml") else ""
+        peak = f"{row['peak_mib']:.0f}" if row["peak_mib"] >= 0 else "n/a"
+        lines.append(f"| {method} | {seconds:.2f} | {peak} | {ratio} | {speedup} |")
+    check = _value_check(rows)
+    return "\n".join(lines) + ("\n\n" + check if check else "")
+
+
+def run_all(args: argparse.Namespace) -> None:
+    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    threads = args.threads or torch.get_num_threads()
+    when = time.strftime("%Y-%m-%d %H:%M")
+    print(f"{when}, {os.cpu_count()} CPUs, {threads} threads, load average {load}", flush=True)
+    for n in args.sizes:
+        for regime in args.regimes:
+            rows: dict[str, dict[str, Any]] = {}
+            for method in args.methods:
+                reason = _skip_reason(method, n, args)
+                if reason is not None:
+                    rows[method] = {"method": method, "status": reason}
+                    continue
+                python = args.oml_python if method == "oml" else sys.executable
+                rows[method] = _run_worker(python, method, n, regime, args)
+                print(f"  ... {n} {regime} {method}: {rows[method].get('seconds', rows[method]['status'])}", flush=True)
+            print("\n" + format_table(n, regime, rows) + "\n", flush=True)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000])
+    parser.add_argument("--regimes", nargs="+", choices=REGIMES, default=list(REGIMES))
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=2, help="passes per method; the best one is reported")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads of torch and faiss (default: theirs)")
+    parser.add_argument("--oml-python", default=None, help="interpreter with open-metric-learning installed")
+    parser.add_argument("--skip-oml-above", type=int, default=30_000)
+    parser.add_argument("--map-full-max", type=int, default=30_000, help="largest N of the map_full row")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds allowed to one worker")
+    parser.add_argument("--worker", choices=METHODS, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--profile", action="store_true", help="cProfile our call instead of the benchmark")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.threads is not None:
+        set_threads(args.threads)
+    if args.worker is not None:
+        print(json.dumps(measure(args.worker, args.sizes[0], args.regimes[0], seed=args.seed, repeats=args.repeats)))
+    elif args.profile:
+        for n in args.sizes:
+            for regime in args.regimes:
+                print(f"== N = {n}, {regime}\n{profile_ours(n, regime, seed=args.seed)}")
+    else:
+        run_all(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Smoke tests that keep benchmarks/bench_retrieval.py runnable (no timing is asserted)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    return _load("bench_retrieval")
+
+
+def test_clustered_embeddings_are_seeded_unit_rows_with_balanced_classes() -> None:
+    common = _load("_common")
+    x, labels = common.clustered_embeddings(1000, "per_class20", seed=3)
+    again, _ = common.clustered_embeddings(1000, "per_class20", seed=3)
+    assert x.shape == (1000, 128) and x.dtype == torch.float32
+    assert torch.equal(x, again)
+    torch.testing.assert_close(x.norm(dim=1), torch.ones(1000))
+    assert torch.bincount(labels).tolist() == [20] * 50
+    _, labels100 = common.clustered_embeddings(1000, "classes100")
+    assert torch.bincount(labels100).tolist() == [10] * 100
+
+
+@pytest.mark.slow
+def test_measure_every_local_method_and_values_agree_with_pml(bench: ModuleType) -> None:
+    rows = {
+        m: bench.measure(m, 2000, "classes100", repeats=1) for m in ("matmul", "faiss", "ours", "ours_map_full", "pml")
+    }
+    for method, row in rows.items():
+        assert row["method"] == method and row["n"] == 2000 and row["k"] == 19
+        assert row["seconds"] > 0
+    ours, pml = rows["ours"]["values"], rows["pml"]["values"]
+    assert set(ours) == {"cmc/1", "cmc/5", "precision/5", "map/5", "map_at_r", "r_precision"}
+    assert "map" in rows["ours_map_full"]["values"]
+    for key in ("cmc/1", "r_precision", "map_at_r"):  # PML computes these independently of our code
+        assert ours[key] == pytest.approx(pml[key], abs=1e-5), key
+    table = bench.format_table(2000, "classes100", {**rows, "oml": {"method": "oml", "status": "not installed"}})
+    assert "| ours |" in table and "| oml | not installed |" in table and "max |ours - pml|" in table
+
+
+def test_measure_rejects_an_unknown_method(bench: ModuleType) -> None:
+    with pytest.raises(ValueError, match="`method` must be one of"):
+        bench.measure("annoy", 100, "classes100")
+
+
+@pytest.mark.slow
+def test_command_line_runs_workers_in_subprocesses(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    bench.main(["--sizes", "1000", "--regimes", "per_class20", "--methods", "faiss", "ours", "oml"])
+    out = capsys.readouterr().out
+    assert "N = 1000, per_class20, K = 19" in out
+    assert "| oml | not installed (give --oml-python) |" in out
+    assert "| ours |" in out and "failed" not in out
