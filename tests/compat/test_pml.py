@@ -643,3 +643,13 @@ def test_int_embeddings_are_cast_like_pml() -> None:
     y = torch.tensor([0, 0, 1, 1])
     ours, theirs = both(x, y, options={"exclude": NO_CLUSTERING})
     assert_same(ours, theirs)
+
+
+@pytest.mark.parametrize("backend", ["torch", "faiss"])
+def test_knn_backends_agree(backend: str) -> None:
+    args, kwargs = data("prefix", seed=16)
+    default = AccuracyCalculator(device=CPU, exclude=NO_CLUSTERING).get_accuracy(*args, **kwargs)
+    chosen = AccuracyCalculator(device=CPU, exclude=NO_CLUSTERING, knn_func=pml.ExactKNN(backend)).get_accuracy(
+        *args, **kwargs
+    )
+    assert chosen == default

@@ -60,7 +60,7 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional import ranking
 from torchmetrics_retrieval.functional._checks import check_embeddings, describe
-from torchmetrics_retrieval.functional.knn import knn
+from torchmetrics_retrieval.functional.knn import KNNBackend, knn
 from torchmetrics_retrieval.functional.reduction import grouped_mean, masked_mean
 from torchmetrics_retrieval.functional.relevance import count_relevant, relevance_matrix
 
@@ -346,7 +346,14 @@ class ExactKNN:
     Squared Euclidean distances (as faiss' ``IndexFlatL2``), nearest first, ties by reference position.
     With ``ref_includes_query`` query i is reference row i and is left out of its own neighbours.
     ``k`` is capped at the number of candidates of a query.
+
+    Args:
+        backend: the :func:`~torchmetrics_retrieval.functional.knn` backend; None: ``"faiss"`` for CPU
+            tensors (the fastest for this search in ``benchmarks/bench_compat_pml.py``), ``"auto"`` otherwise.
     """
+
+    def __init__(self, backend: KNNBackend | None = None) -> None:
+        self.backend = backend
 
     def __call__(
         self, query: Tensor, k: int, reference: Tensor | None = None, ref_includes_query: bool = False
@@ -355,13 +362,13 @@ class ExactKNN:
         own = torch.arange(query.shape[0], device=query.device) if ref_includes_query else None
         return self.search(query, k, reference, own)
 
-    @staticmethod
-    def search(query: Tensor, k: int, reference: Tensor, self_index: Tensor | None) -> tuple[Tensor, Tensor]:
+    def search(self, query: Tensor, k: int, reference: Tensor, self_index: Tensor | None) -> tuple[Tensor, Tensor]:
         """Neighbours of every query, leaving out reference row ``self_index[i]`` for query i (-1: none)."""
         k = min(k, reference.shape[0] - (0 if self_index is None else 1))
         if k <= 0:
             return _empty_neighbours(query.shape[0], query.device)
-        found = knn(query, reference, k, distance="sqeuclidean", exclude_self=self_index)
+        backend = self.backend or ("faiss" if query.device.type == "cpu" else "auto")
+        found = knn(query, reference, k, distance="sqeuclidean", exclude_self=self_index, backend=backend)
         return found.distances, found.indices
 
 
