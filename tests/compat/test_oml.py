@@ -411,12 +411,8 @@ def test_fnmr_accepts_tensors_and_ints() -> None:
     torch.testing.assert_close(calc_fnmr_at_fmr(pos, neg, (0.0, 1.0)), torch.tensor([1.0, 0.0]))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="functional/verification.py _quantile_ranks uses n*f + (1-f) - 1 instead of numpy's (n-1)*f: "
-    "41*0.1 + 0.9 - 1 = 4.000000000000001 moves the threshold just above neg[4] = 0.9",
-)
 def test_fnmr_threshold_on_an_order_statistic() -> None:
+    """numpy's virtual index (n - 1) * f = 4.0 exactly; n * f + (1 - f) - 1 would be 4.000000000000001."""
     neg = np.array([0.5, 0.6, 0.6, 0.7, 0.9] + [1.5] * 36)  # 41 values: 0.1-quantile = neg[4] = 0.9 exactly
     pos = np.array([0.8, 0.9, 1.5, 1.5])
     assert np.quantile(neg, 0.1) == 0.9

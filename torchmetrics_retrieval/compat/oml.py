@@ -105,24 +105,27 @@ def _pad(rows: Sequence[Any], name: str, dtype: torch.dtype) -> tuple[Tensor, Te
 
     One pass over the list (input conversion); padding is 0 / False, told apart by the lengths.
     """
-    tensors = [torch.as_tensor(row) for row in rows]
-    for row in tensors:
-        if row.ndim != 1:
-            raise ValueError(f"`{name}` must hold 1-D tensors, got {describe(row)}.")
-        if dtype != torch.bool and row.numel() and (row.is_floating_point() or row.is_complex()):
-            raise TypeError(f"`{name}` must hold integer ids, got {describe(row)}.")
+    tensors = [row if isinstance(row, Tensor) else torch.as_tensor(row) for row in rows]
+    kinds = {(row.ndim, row.dtype, row.numel() > 0) for row in tensors}
+    for ndim, kind, filled in kinds:
+        if ndim != 1:
+            raise ValueError(f"`{name}` must hold 1-D tensors, got one of {ndim} dimensions.")
+        if dtype != torch.bool and filled and (kind.is_floating_point or kind.is_complex):
+            raise TypeError(f"`{name}` must hold integer ids, got dtype {kind}.")
+    if any(kind != dtype for _, kind, _ in kinds):
+        tensors = [row.to(dtype) for row in tensors]
     lengths = torch.tensor([row.shape[0] for row in tensors], dtype=torch.int64)
     if not tensors:
         return torch.zeros(0, 0, dtype=dtype), lengths
-    padded = pad_sequence([row.to(dtype) for row in tensors], batch_first=True)
+    padded = pad_sequence(tensors, batch_first=True)
     return padded, lengths.to(padded.device)
 
 
 def _hits_from_ids(retrieved_ids: Sequence[Any], gt_ids: Sequence[Any]) -> tuple[Tensor, Tensor, Tensor]:
     """``(hits, lengths, n_gts)``: ``hits[q, j]`` is True when the j-th retrieved id of q is one of its ids.
 
-    Every (query, id) pair gets one integer key ``q * span + (id - lowest id)``, so a single
-    ``torch.isin`` over the flattened padded tensors answers the membership of every query at once.
+    Every (query, id) pair gets one integer key ``q * span + (id - lowest id)``, so one sort of the
+    ground-truth keys and one ``searchsorted`` answer the membership of every query at once.
     """
     retrieved, lengths = _pad(retrieved_ids, "retrieved_ids", torch.int64)
     relevant, n_gts = _pad(gt_ids, "gt_ids", torch.int64)
@@ -137,8 +140,16 @@ def _hits_from_ids(retrieved_ids: Sequence[Any], gt_ids: Sequence[Any]) -> tuple
     span = real.max() - low + 1
     rows = torch.arange(retrieved.shape[0], device=retrieved.device)[:, None] * span
     retrieved_keys = torch.where(in_list, rows + (retrieved - low), -1)
-    relevant_keys = torch.where(in_gt, rows + (relevant - low), -2)
-    return torch.isin(retrieved_keys, relevant_keys) & in_list, lengths, n_gts
+    relevant_keys = (rows + (relevant - low))[in_gt].sort().values
+    return _is_member(retrieved_keys, relevant_keys) & in_list, lengths, n_gts
+
+
+def _is_member(keys: Tensor, sorted_keys: Tensor) -> Tensor:
+    """``torch.isin(keys, sorted_keys)`` by binary search (several times faster than ``isin`` here)."""
+    if sorted_keys.numel() == 0:
+        return torch.zeros_like(keys, dtype=torch.bool)
+    at = torch.searchsorted(sorted_keys, keys).clamp_(max=sorted_keys.numel() - 1)
+    return sorted_keys[at] == keys
 
 
 def _within_lengths(n_columns: int, lengths: Tensor) -> Tensor:
