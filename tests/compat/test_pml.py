@@ -653,3 +653,24 @@ def test_knn_backends_agree(backend: str) -> None:
         *args, **kwargs
     )
     assert chosen == default
+
+
+def test_2d_labels_default_comparison_is_whole_row_equality() -> None:
+    x = torch.tensor([[0.0], [1.0], [0.4], [5.0]])
+    labels = torch.tensor([(1, 0), (1, 0), (1, 1), (2, 0)])
+    result = AccuracyCalculator(device=CPU, exclude=NO_CLUSTERING).get_accuracy(x, labels)
+    # rows 0 and 1 match each other only (rows 2 and 3 are lone); both have row 2 nearer than each other
+    assert result["precision_at_1"] == 0.0
+    assert result["mean_reciprocal_rank"] == 0.5
+    assert result["mean_average_precision"] == 0.5
+
+
+def test_helpers_accept_labels_without_the_extra_axis() -> None:
+    knn_labels = torch.tensor([[1, 2, 1], [3, 3, 0]])
+    gt = torch.tensor([1, 3])
+    assert pml.precision_at_k(knn_labels, gt, 2) == pml.precision_at_k(knn_labels, gt[:, None], 2) == 0.75
+    assert pml.mean_reciprocal_rank(knn_labels, gt, return_per_class=True) == [1.0, 1.0]
+    assert pml.maybe_get_avg_of_avgs(torch.tensor([1.0, 0.0, 0.0]), torch.tensor([5, 5, 6]), False, True) == [0.5, 0.0]
+    assert pml.try_getting_not_lone_labels(knn_labels, gt, torch.tensor([False, False])) == (None, None)
+    assert math.isnan(pml.nan_accuracy(torch.tensor([1, 2]), False))
+    assert torch.equal(pml.get_unique_labels(torch.tensor([[2, 1], [0, 1], [2, 1]])), torch.tensor([[0, 1], [2, 1]]))
