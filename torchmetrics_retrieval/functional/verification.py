@@ -60,7 +60,11 @@ PairSource = Callable[[], Iterator[_PairBlock]]
 
 
 class _Buckets(NamedTuple):
-    """Monotone bucket function ``floor((d - low) * scale)`` clamped to ``[0, N_BUCKETS)``."""
+    """Monotone bucket function ``floor((d - low) * scale)`` clamped to ``[0, N_BUCKETS)``.
+
+    Only exactly rounded operations (subtract, multiply, clamp, truncate), so the bucket of a value does
+    not depend on where it sits in a tensor.
+    """
 
     low: float
     scale: float
@@ -70,11 +74,17 @@ class _Buckets(NamedTuple):
         width = high - low
         return cls(low, N_BUCKETS / width if width > 0 and math.isfinite(width) else 1.0)
 
-    def float_ids(self, distances: Tensor) -> Tensor:
-        return torch.sub(distances, self.low).mul_(self.scale).floor_().clamp_(0, N_BUCKETS - 1)
-
     def ids(self, distances: Tensor) -> Tensor:
-        return self.float_ids(distances).long()
+        """int32 bucket ids (truncation is the floor once clamped at 0)."""
+        return torch.sub(distances, self.low).mul_(self.scale).clamp_(0, N_BUCKETS - 1).to(torch.int32)
+
+    def pair_ids(self, block: _PairBlock) -> Tensor:
+        """Flat int32 ids in ``[0, 2 N_BUCKETS]``: negatives' buckets, positives' + N_BUCKETS, 2 N_BUCKETS for
+        the pairs that do not exist."""
+        ids = self.ids(block.distances).add_(block.positive, alpha=N_BUCKETS)
+        if block.eligible is not None:
+            ids.masked_fill_(~block.eligible, 2 * N_BUCKETS)
+        return ids.flatten()
 
 
 class _Curve(NamedTuple):
@@ -100,14 +110,13 @@ def _histograms(source: PairSource, buckets: _Buckets) -> tuple[Tensor, Tensor]:
     """``(negative, positive)`` histograms, ``(N_BUCKETS,)`` int64 each."""
     total: Tensor | None = None
     for block in source():
-        ids = buckets.float_ids(block.distances)
-        ids.add_(block.positive.to(ids.dtype), alpha=N_BUCKETS)  # positives go to the upper half
-        if block.eligible is not None:
-            ids.masked_fill_(~block.eligible, 2 * N_BUCKETS)  # a discarded bucket for missing pairs
+        ids = buckets.pair_ids(block)
         if total is None:
             total = torch.zeros(2 * N_BUCKETS + 1, dtype=torch.int64, device=ids.device)
-        one = torch.ones((), dtype=torch.int64, device=ids.device)
-        total.put_(ids.long().flatten(), one.expand(ids.numel()), accumulate=True)
+        if ids.numel() >= N_BUCKETS:  # bincount is fast on big blocks, but costs O(N_BUCKETS) per call
+            total += torch.bincount(ids, minlength=2 * N_BUCKETS + 1)
+        else:
+            total.index_add_(0, ids, torch.ones((), dtype=torch.int64, device=ids.device).expand(ids.numel()))
     if total is None:
         raise RuntimeError("the pair source yielded no block")
     return total[:N_BUCKETS], total[N_BUCKETS : 2 * N_BUCKETS]
@@ -148,19 +157,18 @@ def _collect(
     source: PairSource, buckets: _Buckets, negative_wanted: Tensor, positive_wanted: Tensor
 ) -> tuple[_Counts, _Counts]:
     """Distinct negative (positive) distances in the wanted buckets, with multiplicities."""
+    no = torch.zeros(1, dtype=torch.bool, device=negative_wanted.device)
+    wanted_ids = torch.cat([negative_wanted, positive_wanted, no])  # indexed by ``pair_ids``
     negatives: _Collector | None = None
     positives: _Collector | None = None
     for block in source():
-        distances = block.distances.flatten()
-        positive = block.positive.flatten()
-        ids = buckets.ids(distances)
-        wanted = torch.where(positive, positive_wanted[ids], negative_wanted[ids])
-        if block.eligible is not None:
-            wanted &= block.eligible.flatten()
+        wanted = wanted_ids[buckets.pair_ids(block)]
+        distances = block.distances.flatten()[wanted]
+        positive = block.positive.flatten()[wanted]
         if negatives is None or positives is None:
             negatives, positives = _Collector(distances), _Collector(distances)
-        negatives.add(distances[wanted & ~positive])
-        positives.add(distances[wanted & positive])
+        negatives.add(distances[~positive])
+        positives.add(distances[positive])
     if negatives is None or positives is None:
         raise RuntimeError("the pair source yielded no block")
     return negatives.result(), positives.result()
