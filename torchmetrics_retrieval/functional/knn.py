@@ -461,8 +461,8 @@ class _TopBuffer:
 
     def result(self) -> _Candidates:
         self.compact()
-        keys = self.keys[:, : self.kp]
-        return _Candidates(keys, self.indices[:, : self.kp], torch.isfinite(keys))
+        keys = self.keys[:, : self.kp].clone()  # copies: views would keep the whole buffer alive
+        return _Candidates(keys, self.indices[:, : self.kp].clone(), torch.isfinite(keys))
 
 
 def _mask_excluded_(keys: Tensor, cols: slice, exclusions: _Exclusions) -> None:
