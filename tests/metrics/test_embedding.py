@@ -234,6 +234,8 @@ BAD_UPDATES = {
     "new field": (_bad(categories=torch.tensor([0, 1])), ValueError, "`categories` must be None in every batch"),
     "float indexes": (_bad(indexes=torch.tensor([4.0, 5.0])), TypeError, "`indexes` must have an integer dtype"),
     "indexes 2-D": (_bad(indexes=torch.ones(2, 1, dtype=torch.long)), ValueError, "`indexes` must be 1-D"),
+    "float categories": (_bad(categories=torch.tensor([0.0, 1.0])), TypeError, "`categories` must have an integer"),
+    "bool indexes": (_bad(indexes=torch.tensor([True, False])), TypeError, "`indexes` must have an integer dtype"),
     "indexes dtype": (_bad(indexes=torch.tensor([4, 5], dtype=torch.int32)), TypeError, "`indexes` must have dtype"),
 }
 
@@ -253,6 +255,8 @@ def test_bad_sequence_ids_in_first_batch() -> None:
     metric = EmbeddingMetrics()
     with pytest.raises(ValueError, match="`sequence_ids` must be 1-D"):
         metric.update(torch.zeros(2, 3), torch.tensor([0, 1]), sequence_ids=torch.zeros(2, 2, dtype=torch.long))
+    with pytest.raises(TypeError, match="`sequence_ids` must have an integer dtype"):
+        metric.update(torch.zeros(2, 3), torch.tensor([0, 1]), sequence_ids=torch.tensor([0.5, 1.5]))
     with pytest.raises(ValueError, match="`search_groups` must have 2 rows like `embeddings`"):
         metric.update(torch.zeros(2, 3), torch.tensor([0, 1]), search_groups=torch.zeros(3, dtype=torch.long))
     assert_same_state(metric, snapshot(EmbeddingMetrics()))

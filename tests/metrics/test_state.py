@@ -48,7 +48,13 @@ def test_validate_batch_against_previous() -> None:
         )
     with pytest.raises(TypeError, match=r"`groups` must have dtype torch\.int64"):
         validate_batch(
-            SPECS, {"embeddings": torch.ones(1, 3), "labels": torch.ones(1, 2), "groups": torch.tensor([0.5])}, first
+            SPECS,
+            {
+                "embeddings": torch.ones(1, 3),
+                "labels": torch.ones(1, 2),
+                "groups": torch.tensor([0], dtype=torch.int32),
+            },
+            first,
         )
     with pytest.raises(TypeError, match=r"`embeddings` must be a torch\.Tensor"):
         validate_batch(SPECS, {"embeddings": None, "labels": torch.ones(1, 2)}, first)

@@ -55,8 +55,9 @@ class FieldSpec:
     Attributes:
         name: argument name in ``update`` and name of the list state.
         kind: ``"embeddings"`` (2-D floating, finite, same number of columns in every batch), ``"labels"``
-            (1-D or 2-D, any dtype, same trailing shape and dtype in every batch), ``"mask"`` (1-D bool),
-            ``"ids"`` (1-D, same dtype in every batch), ``"indexes"`` (1-D integer dataset indexes).
+            (1-D or 2-D, any real dtype, same trailing shape and dtype in every batch), ``"mask"`` (1-D bool),
+            ``"ids"`` (1-D integer or bool, same dtype in every batch), ``"indexes"`` (1-D integer dataset
+            indexes).
         optional: whether the field may be None; a field given in one batch must then be given in all.
     """
 
@@ -65,12 +66,13 @@ class FieldSpec:
     optional: bool = False
 
 
-def _check_1d(name: str, value: Any, n_rows: int, rows_name: str, *, integer: bool) -> Tensor:
+def _check_1d(name: str, value: Any, n_rows: int, rows_name: str, *, allow_bool: bool) -> Tensor:
+    """A 1-D tensor of integers (or bools when allowed) with ``n_rows`` rows."""
     if not isinstance(value, Tensor):
         raise TypeError(f"`{name}` must be a 1-D torch.Tensor, got {describe(value)}.")
     if value.ndim != 1:
         raise ValueError(f"`{name}` must be 1-D, got {describe(value)}.")
-    if integer and (value.is_floating_point() or value.is_complex() or value.dtype == torch.bool):
+    if value.is_floating_point() or value.is_complex() or (value.dtype == torch.bool and not allow_bool):
         raise TypeError(f"`{name}` must have an integer dtype, got {describe(value)}.")
     if value.shape[0] != n_rows:
         raise ValueError(f"`{name}` must have {n_rows} rows like `{rows_name}`, got {describe(value)}.")
@@ -86,7 +88,7 @@ def _check_field(spec: FieldSpec, value: Any, n_rows: int, rows_name: str) -> Te
     elif spec.kind == "mask":
         checked = check_mask(spec.name, value, n_rows, rows_name)
     else:
-        checked = _check_1d(spec.name, value, n_rows, rows_name, integer=spec.kind == "indexes")
+        checked = _check_1d(spec.name, value, n_rows, rows_name, allow_bool=spec.kind == "ids")
     if checked.dtype not in _DTYPES:
         raise TypeError(f"`{spec.name}` must have a real or bool dtype, got {describe(value)}.")
     return checked

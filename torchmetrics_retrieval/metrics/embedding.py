@@ -179,9 +179,9 @@ class EmbeddingMetrics(SampleAccumulator):
             labels: ``(B,)`` or ``(B, L)``, any real dtype; shape and dtype the same in every batch.
             is_query, is_gallery: ``(B,)`` bool; a missing mask means all True (every sample is then
                 both a query and a gallery item, and never retrieves itself).
-            sequence_ids: ``(B,)``; a query never retrieves items of its own sequence.
-            search_groups: ``(B,)``; a query only retrieves items of its own group.
-            categories: ``(B,)``; every metric is also reported per query category.
+            sequence_ids: ``(B,)`` integer; a query never retrieves items of its own sequence.
+            search_groups: ``(B,)`` integer; a query only retrieves items of its own group.
+            categories: ``(B,)`` integer; every metric is also reported per query category.
             indexes: ``(B,)`` integer dataset index of each sample, to drop DDP duplicates and fix the order.
 
         An optional field given in one batch must be given in every batch (and vice versa).
