@@ -202,7 +202,8 @@ def _order_statistics(ranks: Tensor, collected: _Counts, histogram: Tensor, buck
     segment_start = torch.searchsorted(ids, ids)  # first collected value of the same bucket
     within = running - (running[segment_start] - counts[segment_start])  # inclusive count inside the bucket
     before_bucket = histogram.cumsum(0) - histogram
-    if not torch.equal(within[_segment_ends(ids)], histogram[ids[_segment_ends(ids)]]):
+    ends = _segment_ends(ids)
+    if not torch.equal(within[ends], histogram[ids[ends]]):  # every wanted bucket was collected whole
         raise RuntimeError("distances differ between the two passes; they must be deterministic")
     inclusive = before_bucket[ids] + within
     return values[torch.searchsorted(inclusive, ranks, right=True)].to(torch.float64)
