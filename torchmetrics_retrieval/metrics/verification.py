@@ -1,0 +1,255 @@
+"""``FNMRAtFMR``: FNMR@FMR and TAR@FAR over every (query, gallery) pair of the accumulated samples, exact under DDP."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar, cast
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+
+from torchmetrics_retrieval.functional._checks import check_choice, check_fractions, check_positive_int, describe
+from torchmetrics_retrieval.functional.knn import DISTANCES, Distance
+from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
+from torchmetrics_retrieval.functional.verification import DEFAULT_FMR_GRID, det_curve, fnmr_at_fmr
+from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator
+
+__all__ = ["FNMRAtFMR"]
+
+T = TypeVar("T")
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+#: Optional per-sample fields handed to the functional core as they are.
+_PAIR_FIELDS = ("is_query", "is_gallery", "sequence_ids", "search_groups")
+
+
+def non_empty_fractions(name: str, values: float | Iterable[float]) -> tuple[float, ...]:
+    """:func:`check_fractions`, and at least one value (a metric class without a value to report is a mistake)."""
+    fractions = check_fractions(name, values)
+    if not fractions:
+        raise ValueError(f"`{name}` must hold at least one number in [0, 1], got {values!r}.")
+    return fractions
+
+
+def cast_like_first(batch: dict[str, Tensor | None], name: str, stored: list[Tensor] | Tensor) -> None:
+    """Cast ``batch[name]`` to the dtype of the first stored batch of that field (no-op when nothing is stored)."""
+    value = batch[name]
+    if value is not None and len(stored):
+        batch[name] = value.to(stored[0].dtype)
+
+
+def on_gathered_states(metric: Metric, fn: Callable[[], T]) -> T:
+    """Call ``fn`` while the states of ``metric`` are gathered across processes (as ``compute`` does).
+
+    Outside DDP (or with ``sync_on_compute=False``) the states stay local. The local states are restored
+    afterwards, also when ``fn`` raises. Under DDP every process must call this (it is a collective).
+    """
+    metric.sync(dist_sync_fn=metric.dist_sync_fn, should_sync=metric._to_sync)
+    try:
+        return fn()
+    finally:
+        if metric._is_synced:
+            metric.unsync()
+
+
+class FNMRAtFMR(SampleAccumulator):
+    r"""False non-match rate at given false match rates, over every pair of the accumulated embeddings.
+
+    ``update`` stores the embeddings, labels and optional per-sample fields of a batch; ``compute``
+    gathers them across processes, drops the duplicates that ``DistributedSampler`` adds (when ``indexes``
+    are given) and calls :func:`~torchmetrics_retrieval.functional.verification.fnmr_at_fmr` once.
+
+    Pairs (DESIGN.md section 3): every ordered pair ``(q, g)`` of a query ``q`` and an item ``g`` of its
+    gallery ``G(q)`` (``q`` itself, its sequence and other search groups left out); positive when the labels
+    match, negative otherwise. With :math:`T_f` the ``f``-quantile of the negative distances (numpy's
+    linear interpolation),
+
+    .. math:: \mathrm{FNMR@FMR}{=}f = \frac{\#\{\text{positive pairs with distance} \ge T_f\}}{\#\text{positive pairs}},
+        \qquad \mathrm{TAR@FAR}{=}f = 1 - \mathrm{FNMR@FMR}{=}f.
+
+    The value is exact and no pair is materialised (two streaming passes over the distance blocks), so
+    N = 60k samples (3.6e9 pairs) fit in a few hundred MB besides the embeddings. NaN with a warning when
+    there is no positive or no negative pair.
+
+    Args:
+        fmr_vals: FMR values ``f`` in [0, 1] (at least one); keys ``fnmr@fmr/{f}`` and ``tar@far/{f}``.
+        distance: ``"euclidean"``, ``"sqeuclidean"``, ``"cosine"`` or ``"dot"``.
+        label_comparison_fn: custom label match, called as ``fn(query_labels[:, None], gallery_labels[None])``
+            (must be picklable to pickle or clone the metric).
+        chunk_size: largest side of a block of the distance matrix (None: from a memory budget).
+        kwargs: torchmetrics' options (``compute_on_cpu``, ``sync_on_compute``, ``process_group``, ...);
+            any other keyword is an error.
+
+    ``higher_is_better`` is False (it refers to FNMR; TAR@FAR, also returned, is better when higher). States
+    hold every embedding and are not saved in ``state_dict`` unless ``metric.persistent(True)``.
+
+    Example:
+        >>> metric = FNMRAtFMR(fmr_vals=(0.1, 0.5))
+        >>> metric.update(torch.tensor([[0.0], [1.0]]), torch.tensor([0, 0]))
+        >>> metric.update(torch.tensor([[3.0], [7.0]]), torch.tensor([1, 1]))
+        >>> metric.compute()  # positive distances (1, 1, 4, 4), negative (2, 2, 3, 3, 6, 6, 7, 7)
+        {'fnmr@fmr/0.1': tensor(0.5000), 'fnmr@fmr/0.5': tensor(0.),
+         'tar@far/0.1': tensor(0.5000), 'tar@far/0.5': tensor(1.)}
+    """
+
+    is_differentiable = False
+    higher_is_better = False
+    full_state_update = False
+    plot_lower_bound = 0.0
+    plot_upper_bound = 1.0
+
+    _fields = (
+        FieldSpec("embeddings", "embeddings"),
+        FieldSpec("labels", "labels"),
+        FieldSpec("is_query", "mask", optional=True),
+        FieldSpec("is_gallery", "mask", optional=True),
+        FieldSpec("sequence_ids", "ids", optional=True),
+        FieldSpec("search_groups", "ids", optional=True),
+        FieldSpec("indexes", "indexes", optional=True),
+    )
+
+    embeddings: list[Tensor]
+    labels: list[Tensor]
+
+    def __init__(
+        self,
+        *,
+        fmr_vals: float | Iterable[float] = (0.1,),
+        distance: Distance = "euclidean",
+        label_comparison_fn: LabelComparisonFn | None = None,
+        chunk_size: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        fractions = non_empty_fractions("fmr_vals", fmr_vals)
+        check_choice("distance", distance, DISTANCES)
+        if label_comparison_fn is not None and not callable(label_comparison_fn):
+            raise TypeError(f"`label_comparison_fn` must be callable or None, got {describe(label_comparison_fn)}.")
+        if chunk_size is not None:
+            check_positive_int("chunk_size", chunk_size)
+        super().__init__(**kwargs)
+        self.fmr_vals = fractions
+        self.distance: Distance = distance
+        self.label_comparison_fn = label_comparison_fn
+        self.chunk_size = chunk_size
+
+    def update(
+        self,
+        embeddings: Tensor,
+        labels: Tensor,
+        is_query: Tensor | None = None,
+        is_gallery: Tensor | None = None,
+        sequence_ids: Tensor | None = None,
+        search_groups: Tensor | None = None,
+        indexes: Tensor | None = None,
+    ) -> None:
+        """Store a batch (nothing is stored if a check fails; a batch of zero rows is a no-op).
+
+        Args:
+            embeddings: ``(B, D)`` floating, finite; D the same in every batch (later batches are cast to
+                the dtype of the first).
+            labels: ``(B,)`` or ``(B, L)``, any real dtype; shape and dtype the same in every batch.
+            is_query, is_gallery: ``(B,)`` bool; a missing mask means all True (leave-one-out: every sample
+                is paired with every other one, in both orders).
+            sequence_ids: ``(B,)`` integer; pairs within a sequence are left out.
+            search_groups: ``(B,)`` integer; only pairs within a group are formed.
+            indexes: ``(B,)`` integer dataset index of each sample, to drop DDP duplicates and fix the order.
+
+        An optional field given in one batch must be given in every batch (and vice versa).
+
+        Raises:
+            TypeError, ValueError: naming the argument and what was expected.
+        """
+        self._store(
+            embeddings=embeddings,
+            labels=labels,
+            is_query=is_query,
+            is_gallery=is_gallery,
+            sequence_ids=sequence_ids,
+            search_groups=search_groups,
+            indexes=indexes,
+        )
+
+    def _prepare(self, batch: dict[str, Tensor | None]) -> dict[str, Tensor | None]:
+        cast_like_first(batch, "embeddings", self.embeddings)
+        return batch
+
+    def _pair_inputs(self, fields: dict[str, Tensor | None]) -> tuple[Tensor, Tensor, dict[str, Any]]:
+        """Embeddings (half precision upcast), labels and the keyword arguments of the functional calls."""
+        embeddings = cast(Tensor, fields["embeddings"])  # never None: _collect raises first
+        if embeddings.dtype in _LOW_PRECISION:
+            embeddings = embeddings.float()
+        options: dict[str, Any] = {
+            name: fields[name] for name in ("is_query", "is_gallery", "sequence_ids", "search_groups")
+        }
+        options.update(distance=self.distance, label_comparison_fn=self.label_comparison_fn, chunk_size=self.chunk_size)
+        return embeddings, cast(Tensor, fields["labels"]), options
+
+    def _compute_samples(self, fields: dict[str, Tensor | None], indexes: Tensor | None) -> dict[str, Tensor]:
+        embeddings, labels, options = self._pair_inputs(fields)
+        return fnmr_at_fmr(embeddings, labels, fmr_vals=self.fmr_vals, **options)
+
+    def det_curve(self, fmr_grid: Iterable[float] = DEFAULT_FMR_GRID) -> tuple[Tensor, Tensor, Tensor]:
+        """The DET curve of the accumulated pairs: FNMR at every FMR of ``fmr_grid``.
+
+        Gathers the samples like ``compute`` (every process must call it under DDP) and calls
+        :func:`~torchmetrics_retrieval.functional.verification.det_curve` (two more passes over the pairs).
+
+        Returns:
+            ``(fmr, fnmr, thresholds)``, three ``(len(fmr_grid),)`` float64 tensors; ``(fmr, 1 - fnmr)`` is the
+            ROC curve (TAR against FAR).
+
+        Raises:
+            ValueError: no sample on any process, an FMR outside [0, 1].
+        """
+        grid = check_fractions("fmr_grid", fmr_grid)
+        fields, _ = on_gathered_states(self, self._collect)
+        embeddings, labels, options = self._pair_inputs(fields)
+        return det_curve(embeddings, labels, fmr_grid=grid, **options)
+
+    def plot(self, val: dict[str, Tensor] | list[dict[str, Tensor]] | None = None, ax: Any = None) -> Any:
+        """Plot the values (torchmetrics' convention): one point per key, or one line per key over steps.
+
+        Args:
+            val: a result of ``compute()`` or a list of them (one per step); None: call ``compute()``.
+            ax: a matplotlib axis (None: a new figure).
+
+        Returns:
+            ``(figure, axis)``. See :meth:`plot_curve` for the DET curve.
+        """
+        from torchmetrics_retrieval.plotting import require_matplotlib
+
+        require_matplotlib()
+        return self._plot(val, ax)
+
+    def plot_curve(self, ax: Any = None, *, fmr_grid: Iterable[float] = DEFAULT_FMR_GRID) -> Any:
+        """Plot the DET curve (FNMR against FMR, log-scaled FMR) with the values at ``fmr_vals`` marked.
+
+        Args:
+            ax: a matplotlib axis (None: a new figure).
+            fmr_grid: FMR values of the curve; the metric's ``fmr_vals`` are added to it.
+
+        Returns:
+            ``(figure or None, axis)``.
+
+        Example:
+            >>> import matplotlib; matplotlib.use("Agg")
+            >>> metric = FNMRAtFMR(fmr_vals=(0.1, 0.5))
+            >>> metric.update(torch.tensor([[0.0], [1.0], [3.0], [7.0]]), torch.tensor([0, 0, 1, 1]))
+            >>> fig, ax = metric.plot_curve()
+            >>> ax.get_xlabel()
+            'FMR (false match rate)'
+        """
+        from torchmetrics_retrieval.plotting import plot_curve
+
+        grid = sorted(set(check_fractions("fmr_grid", fmr_grid)) | set(self.fmr_vals))
+        fmr, fnmr, _ = self.det_curve(grid)
+        fig, ax = plot_curve(fmr, fnmr, ax=ax, label="DET curve", xlabel="FMR (false match rate)", ylabel="FNMR")
+        marked = fnmr.cpu()[[grid.index(f) for f in self.fmr_vals]]
+        ax.scatter(list(self.fmr_vals), marked.numpy(), color="tab:red", zorder=3, label="fnmr@fmr")
+        for f, value in zip(self.fmr_vals, marked.tolist(), strict=True):
+            ax.annotate(f"{value:.3g} @ {f}", (f, value), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        if min(grid) > 0:
+            ax.set_xscale("log")
+        ax.legend()
+        return fig, ax
