@@ -274,3 +274,13 @@ def test_lightning_validate_logs_the_exact_value(tmp_path: Path) -> None:
     torch.testing.assert_close(torch.as_tensor(logged["val/contrastive"]), expected, rtol=0, atol=0)
     assert 0.0 < float(expected) < 1.0  # the epoch value over all 300 pairs, not a mean of batch values
     assert model.metric.z1 == []  # Lightning reset the metric after logging
+
+
+def test_forward_checks_the_batch_first() -> None:
+    metric = ContrastiveAccuracy()
+    metric(torch.ones(3, 3), torch.ones(3, 3))
+    with pytest.raises(ValueError, match="`z1` must have 3 columns like the previous"):
+        metric(torch.ones(2, 4), torch.ones(2, 4))
+    with pytest.raises(ValueError, match=r"`z2` must have the shape \(2, 3\) of `z1`"):
+        metric(torch.ones(2, 3), torch.ones(1, 3))
+    assert [t.shape for t in metric.z1] == [(3, 3)] and [t.shape for t in metric.z2] == [(3, 3)]

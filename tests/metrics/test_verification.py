@@ -307,3 +307,18 @@ def test_class_flags() -> None:
     assert FNMRAtFMR.higher_is_better is False
     assert FNMRAtFMR.full_state_update is False
     assert (FNMRAtFMR.plot_lower_bound, FNMRAtFMR.plot_upper_bound) == (0.0, 1.0)
+
+
+def test_forward_gives_the_batch_value_and_checks_the_batch_first() -> None:
+    data = pick(make_data(n=20, seed=17), ())
+    metric = FNMRAtFMR(fmr_vals=FMRS)
+    first = {name: value[:10] for name, value in data.items()}
+    assert_same(metric(**first), functional(first, fmr_vals=FMRS))
+    before = snapshot(metric)
+    with pytest.raises(ValueError, match="`embeddings` must have 3 columns like the previous"):
+        metric(torch.ones(4, 5), torch.zeros(4, dtype=torch.long))  # torchmetrics alone would accept it
+    with pytest.raises(ValueError, match="`indexes` must be None in every batch"):
+        metric(data["embeddings"][10:], data["labels"][10:], indexes=torch.arange(10))
+    assert_same_state(metric, before)
+    metric(data["embeddings"][10:], data["labels"][10:])
+    assert_same(metric.compute(), functional(data, fmr_vals=FMRS))

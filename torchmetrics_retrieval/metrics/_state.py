@@ -17,6 +17,7 @@ A metric that keeps every sample (``EmbeddingMetrics``, ``FNMRAtFMR``, ...) subc
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -242,6 +243,16 @@ class SampleAccumulator(Metric):
     def _prepare(self, batch: dict[str, Tensor | None]) -> dict[str, Tensor | None]:
         """Hook: transform a validated batch before storage (e.g. cast embeddings to a storage dtype)."""
         return batch
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """torchmetrics' ``forward`` (store the batch, return its own value), the batch checked against the state first.
+
+        torchmetrics resets the state before it stores the batch, so without this check a batch that contradicts
+        the stored ones (another dimension, a field given only now) would be accepted and break ``compute`` later.
+        """
+        batch = inspect.signature(self.update).bind(*args, **kwargs).arguments
+        self._prepare(validate_batch(self._fields, batch, self._previous_batch()))
+        return super().forward(*args, **kwargs)
 
     # ---- compute ------------------------------------------------------------------------------------------------
 
