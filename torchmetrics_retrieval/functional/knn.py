@@ -24,6 +24,7 @@ from torchmetrics_retrieval.functional._checks import (
     check_same_length,
     describe,
 )
+from torchmetrics_retrieval.functional._stream_topk import stream_topk, stream_topk_symmetric
 
 __all__ = ["BACKENDS", "DISTANCES", "Distance", "DistanceBlock", "KNNBackend", "KNNResult", "distance_blocks", "knn"]
 
@@ -273,7 +274,9 @@ MARGIN_DIVISOR = 4
 TOLERANCE_FACTOR = 2.0
 #: Rows and columns of a stage-1 block of the torch backend (measured with benchmarks/bench_knn.py).
 STAGE1_ROWS = 512
-STAGE1_COLUMNS = 8192
+STAGE1_COLUMNS = 4096
+#: Largest candidate buffer (bytes) of the symmetric search, which holds every query's candidates at once.
+SYMMETRIC_BUFFER_BYTES = 768 * 2**20
 #: Largest number of candidate pairs recomputed canonically at once (stage 2).
 STAGE2_PAIRS = 2**20
 #: Faiss GPU indexes cannot return more neighbours than this.
@@ -292,6 +295,7 @@ class _Problem(NamedTuple):
     gallery64: Tensor  # (G, D) float64
     query_sq64: Tensor  # (Q,) canonical <q, q>
     gallery_sq64: Tensor  # (G,) canonical <g, g>
+    symmetric: bool  # the set against itself with symmetric exclusions: each distance serves both sides
 
 
 def _take_rows(exclusions: _Exclusions, rows: Tensor) -> _Exclusions:
@@ -388,7 +392,11 @@ def _make_problem(query: Tensor, gallery: Tensor, distance: str, exclusions: _Ex
                     f"`{name}` must have no all-zero row with distance='cosine', got {int((sq == 0).sum())}."
                 )
     n_eligible = _count_eligible(exclusions, query.shape[0], gallery.shape[0], query.device)
-    return _Problem(query, gallery, distance, exclusions, n_eligible, query64, gallery64, query_sq64, gallery_sq64)
+    own = exclusions.self_index
+    symmetric = same_set and (own is None or bool((own == torch.arange(own.numel(), device=own.device)).all()))
+    return _Problem(
+        query, gallery, distance, exclusions, n_eligible, query64, gallery64, query_sq64, gallery_sq64, symmetric
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -407,80 +415,33 @@ class _Candidates(NamedTuple):
     ok: Tensor  # (R, kp) bool
 
 
-class _TopBuffer:
-    """Running ``kp`` smallest keys of each row of a query chunk, filled block by block.
+def _mask_excluded_(keys: Tensor, rows: slice, cols: slice | Tensor, exclusions: _Exclusions) -> None:
+    """Set the keys of the excluded pairs of the block ``(rows, cols)`` to +inf, in place.
 
-    New keys are appended only where they are below the row's threshold ``tau`` (the ``kp``-th smallest
-    key at the last compaction, +inf before); the buffer is compacted by one ``topk`` when it is full.
+    ``cols`` is a slice of gallery positions, or an index tensor of them (the sample pre-pass).
     """
-
-    def __init__(self, n_rows: int, kp: int, block_cols: int, device: torch.device) -> None:
-        self.kp = kp
-        self.width = kp + max(kp, block_cols)
-        self.keys = torch.full((n_rows, self.width), float("inf"), device=device)
-        self.indices = torch.zeros((n_rows, self.width), dtype=torch.long, device=device)
-        self.fill = torch.full((n_rows,), kp, dtype=torch.long, device=device)
-        self.tau = torch.full((n_rows,), float("inf"), device=device)
-
-    def add(self, keys: Tensor, col0: int) -> None:
-        if bool(torch.isinf(self.tau).any()):  # still filling up: merge the whole block
-            self._merge_dense(keys, col0)
-            return
-        selected = torch.nonzero((keys < self.tau[:, None]).view(-1)).squeeze(1)
-        if selected.numel() == 0:
-            return
-        n_cols = keys.shape[1]
-        rows = torch.div(selected, n_cols, rounding_mode="floor")
-        counts = torch.bincount(rows, minlength=keys.shape[0])
-        if int((self.fill + counts).max()) > self.width:
-            self.compact()
-        starts = torch.cumsum(counts, 0) - counts
-        slots = rows * self.width + self.fill[rows] + torch.arange(rows.numel(), device=rows.device) - starts[rows]
-        self.keys.view(-1)[slots] = keys.view(-1)[selected]
-        self.indices.view(-1)[slots] = selected - rows * n_cols + col0
-        self.fill += counts
-
-    def _merge_dense(self, keys: Tensor, col0: int) -> None:
-        used = int(self.fill.max())
-        columns = torch.arange(col0, col0 + keys.shape[1], device=keys.device).expand(keys.shape[0], -1)
-        merged_keys = torch.cat([self.keys[:, :used], keys], dim=1)
-        merged_indices = torch.cat([self.indices[:, :used], columns], dim=1)
-        self._keep_top(merged_keys, merged_indices)
-
-    def compact(self) -> None:
-        used = int(self.fill.max())
-        self._keep_top(self.keys[:, :used], self.indices[:, :used])
-
-    def _keep_top(self, keys: Tensor, indices: Tensor) -> None:
-        top = torch.topk(keys, self.kp, dim=1, largest=False, sorted=False)
-        self.indices[:, : self.kp] = indices.gather(1, top.indices)
-        self.keys[:, : self.kp] = top.values
-        self.keys[:, self.kp :] = float("inf")
-        self.fill.fill_(self.kp)
-        self.tau = top.values.max(dim=1).values
-
-    def result(self) -> _Candidates:
-        self.compact()
-        keys = self.keys[:, : self.kp].clone()  # copies: views would keep the whole buffer alive
-        return _Candidates(keys, self.indices[:, : self.kp].clone(), torch.isfinite(keys))
-
-
-def _mask_excluded_(keys: Tensor, cols: slice, exclusions: _Exclusions) -> None:
-    """Set the keys of the excluded pairs of a ``(rows, cols)`` block (rows = all rows of ``exclusions``) to +inf."""
     if exclusions.sequence_ids is not None:
-        same = exclusions.sequence_ids[0][:, None] == exclusions.sequence_ids[1][None, cols]
+        same = exclusions.sequence_ids[0][rows, None] == exclusions.sequence_ids[1][None, cols]
         keys.masked_fill_(same, float("inf"))
     if exclusions.search_groups is not None:
-        other = exclusions.search_groups[0][:, None] != exclusions.search_groups[1][None, cols]
+        other = exclusions.search_groups[0][rows, None] != exclusions.search_groups[1][None, cols]
         keys.masked_fill_(other, float("inf"))
     if exclusions.self_index is not None:
-        own = exclusions.self_index
-        rows = torch.nonzero((own >= cols.start) & (own < cols.stop)).flatten()
-        keys[rows, own[rows] - cols.start] = float("inf")
+        own = exclusions.self_index[rows]
+        if isinstance(cols, Tensor):
+            keys.masked_fill_(own[:, None] == cols[None, :], float("inf"))
+            return
+        hit = torch.nonzero((own >= cols.start) & (own < cols.stop)).flatten()
+        keys[hit, own[hit] - cols.start] = float("inf")
 
 
 class _TorchStage:
-    """Stage 1 on the tensors' device: blocked ``addmm`` keys, threshold filter, running top-``kp``."""
+    """Stage 1 on the tensors' device: blocked ``addmm`` keys and a streaming threshold selection.
+
+    A set searched against itself (``gallery=None``) takes the symmetric path for the first round: every
+    distance block serves its row queries and, transposed, its column queries (half the matrix products).
+    Later rounds (a few uncertified queries, more candidates) search their rows against the whole gallery.
+    """
 
     def __init__(self, problem: _Problem, chunk_size: int | None) -> None:
         self.problem = problem
@@ -489,25 +450,52 @@ class _TorchStage:
         self.bias = gallery_sq if gallery_sq is not None else torch.zeros_like(gallery[:, 0])
         self.alpha = -2.0 if gallery_sq is not None else -1.0
         self.rows = min(STAGE1_ROWS, chunk_size or STAGE1_ROWS)
-        self.cols = min(STAGE1_COLUMNS, chunk_size or STAGE1_COLUMNS, gallery.shape[0])
+        self.cols = max(1, min(STAGE1_COLUMNS, chunk_size or STAGE1_COLUMNS, gallery.shape[0]))
+        self.symmetric = problem.symmetric
+        self._all_rows: _Candidates | None = None
 
     def __call__(self, rows: Tensor, kp: int) -> _Candidates:
-        parts = []
-        for start in range(0, rows.numel(), self.rows):
-            chunk = rows[start : start + self.rows]
-            query, _ = _prepare(self.problem.query[chunk], self.problem.distance, torch.float32)
-            parts.append(self._search(query, _take_rows(self.problem.exclusions, chunk), kp))
-        return _Candidates(*(torch.cat(p) for p in zip(*parts, strict=True)))
+        n_query = self.problem.query.shape[0]
+        if self.symmetric and n_query * 2 * kp * 8 <= SYMMETRIC_BUFFER_BYTES:
+            if self._all_rows is None or self._all_rows.keys.shape[1] != kp:
+                self._all_rows = self._search_symmetric(kp)
+            return _Candidates(*(part[rows] for part in self._all_rows))
+        return self._search(rows, kp)
 
-    def _search(self, query: Tensor, exclusions: _Exclusions, kp: int) -> _Candidates:
-        n_gallery = self.gallery.shape[0]
-        buffer = _TopBuffer(query.shape[0], kp, self.cols, query.device)
-        for col0 in range(0, n_gallery, self.cols):
-            cols = slice(col0, min(col0 + self.cols, n_gallery))
-            keys = torch.addmm(self.bias[None, cols], query, self.gallery[cols].T, alpha=self.alpha)
-            _mask_excluded_(keys, cols, exclusions)
-            buffer.add(keys, col0)
-        return buffer.result()
+    def _candidates(self, found: tuple[Tensor, Tensor]) -> _Candidates:
+        keys, positions = found
+        return _Candidates(keys, positions, torch.isfinite(keys))
+
+    def _search_symmetric(self, kp: int) -> _Candidates:
+        exclusions = self.problem.exclusions
+
+        def mask(keys: Tensor, rows: slice, cols: slice | Tensor) -> None:
+            _mask_excluded_(keys, rows, cols, exclusions)
+
+        x = self.gallery
+        if self.alpha == -2.0:  # L2: symmetric key |x_i - x_j|^2 / 2 from augmented rows
+            half_sq, ones = self.bias[:, None] / 2, torch.ones_like(self.bias[:, None])
+            left, right = torch.cat([x, half_sq, ones], dim=1), torch.cat([-x, ones, half_sq], dim=1)
+        else:
+            left, right = x, -x
+        keys, positions = stream_topk_symmetric(
+            left, right, kp, mask, rows_per_chunk=self.rows, cols_per_block=self.cols
+        )
+        if self.alpha == -2.0:  # back to the key of the other stages, |g|^2 - 2<q, g> = 2 * key - |q|^2
+            keys = 2.0 * keys - self.bias[:, None]
+        return self._candidates((keys, positions))
+
+    def _search(self, rows: Tensor, kp: int) -> _Candidates:
+        query, _ = _prepare(self.problem.query[rows], self.problem.distance, torch.float32)
+        exclusions = _take_rows(self.problem.exclusions, rows)
+
+        def mask(keys: Tensor, block_rows: slice, cols: slice | Tensor) -> None:
+            _mask_excluded_(keys, block_rows, cols, exclusions)
+
+        found = stream_topk(
+            query, self.gallery, self.bias, self.alpha, kp, mask, rows_per_chunk=self.rows, cols_per_block=self.cols
+        )
+        return self._candidates(found)
 
 
 def _faiss_module() -> Any:

@@ -1,0 +1,283 @@
+"""Streaming top-k selection over a blocked key matrix: the torch backend's stage 1 of ``knn``.
+
+Each query keeps a running buffer of its best candidates and a threshold ``tau`` (its ``kp``-th
+smallest key so far). A new block of keys is compared once against ``tau`` and only the few entries
+below it are extracted and appended; the buffer is cut back to ``kp`` by one ``topk`` when it fills
+up. Until a query has ``kp`` candidates (``tau`` is +inf) its block rows go through a dense ``topk``.
+
+Two drivers share the buffer:
+
+* :func:`stream_topk` - queries against a separate gallery, query chunk by query chunk;
+* :func:`stream_topk_symmetric` - a set searched against itself: only the blocks on and above the
+  diagonal are computed, and each off-diagonal block serves its row queries *and*, transposed, its
+  column queries, so every distance is computed once instead of twice.
+
+Keys rank like distances: ``|g|^2 - 2<q, g>`` for L2 (the query's own norm is constant per row and
+dropped), ``-<q, g>`` for dot and cosine (on unit rows). A key is +inf for an excluded pair.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+__all__ = ["stream_topk", "stream_topk_symmetric"]
+
+#: Masks the excluded pairs of a block in place: (keys, query rows, gallery columns).
+MaskFn = Callable[[Tensor, slice, "slice | Tensor"], None]
+#: Keys of a block of query rows against gallery columns given by an index tensor.
+KeyFn = Callable[[slice, Tensor], Tensor]
+
+
+#: Width of the segments whose minima prune a block before any exact comparison.
+SEGMENT = 32
+#: Sample size of the pre-pass that gives every query an initial threshold.
+SAMPLE = 2048
+
+
+def _below_by_row(keys: Tensor, tau: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(r, c, keys[r, c])`` of the entries with ``keys[r, c] < tau[r]``, sorted by row then column.
+
+    The minima of 64-wide row segments are taken first (one fast reduction); only the segments whose
+    minimum is below the threshold are compared entry by entry.
+    """
+    n_rows, n_cols = keys.shape
+    if n_cols % SEGMENT:
+        r, c = torch.nonzero(keys < tau[:, None], as_tuple=True)
+        return r, c, keys[r, c]
+    segments = keys.view(n_rows, n_cols // SEGMENT, SEGMENT)
+    seg_rows, seg_ids = torch.nonzero(segments.amin(dim=2) < tau[:, None], as_tuple=True)
+    values = segments[seg_rows, seg_ids]  # (P, SEGMENT)
+    hit, offset = torch.nonzero(values < tau[seg_rows, None], as_tuple=True)
+    return seg_rows[hit], seg_ids[hit] * SEGMENT + offset, values[hit, offset]
+
+
+def _below_by_column(keys: Tensor, tau: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(r, c, keys[r, c])`` of the entries with ``keys[r, c] < tau[c]``, sorted by column then row."""
+    n_rows, n_cols = keys.shape
+    if n_rows % SEGMENT:
+        r, c = torch.nonzero(keys < tau[None, :], as_tuple=True)
+        c, order = torch.sort(c, stable=True)
+        r = r[order]
+        return r, c, keys[r, c]
+    segments = keys.view(n_rows // SEGMENT, SEGMENT, n_cols)
+    seg_ids, seg_cols = torch.nonzero(segments.amin(dim=1) < tau[None, :], as_tuple=True)
+    seg_cols, order = torch.sort(seg_cols, stable=True)
+    seg_ids = seg_ids[order]
+    values = segments.permute(0, 2, 1)[seg_ids, seg_cols]  # (P, SEGMENT)
+    hit, offset = torch.nonzero(values < tau[seg_cols, None], as_tuple=True)
+    return seg_ids[hit] * SEGMENT + offset, seg_cols[hit], values[hit, offset]
+
+
+class _Buffer:
+    """Best candidates of ``n_rows`` queries: ``(n_rows, kp + slack)`` keys and gallery positions."""
+
+    def __init__(self, kp: int, tau: Tensor) -> None:
+        self.kp = kp
+        self.width = kp + max(kp, 64)  # slack >= kp: a dense append (<= kp per row) fits after a compaction
+        n_rows, device = tau.shape[0], tau.device
+        self.keys = torch.full((n_rows, self.width), float("inf"), device=device)
+        self.indices = torch.zeros((n_rows, self.width), dtype=torch.int32, device=device)
+        self.fill = torch.zeros(n_rows, dtype=torch.long, device=device)
+        self.tau = tau.clone()  # +inf: no threshold yet
+
+    def filling(self, rows: slice) -> bool:
+        """Whether some of these rows has no threshold yet."""
+        return bool(torch.isinf(self.tau[rows]).any())
+
+    def add_dense(self, rows: slice, keys: Tensor, col0: int) -> None:
+        """Append the best ``kp`` entries of each block row (rows ``rows``, items ``col0 + column``)."""
+        top = torch.topk(keys, min(self.kp, keys.shape[1]), dim=1, largest=False, sorted=False)
+        self._append_dense(rows, top.values, top.indices + col0)
+
+    def add_dense_transposed(self, items: slice, keys: Tensor, queries: slice) -> None:
+        """As :meth:`add_dense` for the column queries of a block whose rows are the items ``items``."""
+        top = torch.topk(keys, min(self.kp, keys.shape[0]), dim=0, largest=False, sorted=False)
+        self._append_dense(queries, top.values.T, top.indices.T + items.start)
+
+    def add_filtered(self, rows: slice, keys: Tensor, col0: int) -> None:
+        """Append the entries of the block below their row's threshold."""
+        r, c, values = _below_by_row(keys, self.tau[rows])
+        if r.numel():
+            self._append_sorted(rows, r, c + col0, values)
+
+    def add_filtered_transposed(self, items: slice, keys: Tensor, queries: slice) -> None:
+        """Append the entries below their column query's threshold (keys are symmetric)."""
+        r, c, values = _below_by_column(keys, self.tau[queries])
+        if c.numel():
+            self._append_sorted(queries, c, r + items.start, values)
+
+    def _append_dense(self, rows: slice, values: Tensor, items: Tensor) -> None:
+        """Append ``values.shape[1]`` entries to every row of the slice ``rows``."""
+        n_new = values.shape[1]
+        full = torch.nonzero(self.fill[rows] + n_new > self.width).flatten()
+        if full.numel():
+            self._compact(full + rows.start)
+        slots = self.fill[rows, None] + torch.arange(n_new, device=values.device)
+        self.keys[rows].scatter_(1, slots, values)
+        self.indices[rows].scatter_(1, slots, items.to(torch.int32))
+        self.fill[rows] += n_new
+        self._set_thresholds(rows)
+
+    def _append_sorted(self, rows: slice, local: Tensor, items: Tensor, values: Tensor) -> None:
+        """Append pairs whose row offsets ``local`` (within the slice ``rows``) are sorted."""
+        counts = torch.bincount(local, minlength=rows.stop - rows.start)
+        if int(counts.max()) > self.width - self.kp:  # more than the slack of a row: reduce to kp per row first
+            self._append_dense(rows, *self._best_per_row(local, items, values, counts))
+            return
+        full = torch.nonzero(self.fill[rows] + counts > self.width).flatten()
+        if full.numel():
+            self._compact(full + rows.start)
+        starts = torch.cumsum(counts, 0) - counts
+        target = local + rows.start
+        slots = self.fill[target] + torch.arange(local.numel(), device=local.device) - starts[local]
+        self.keys[target, slots] = values
+        self.indices[target, slots] = items.to(torch.int32)
+        self.fill[rows] += counts
+        self._set_thresholds(rows)
+
+    def _best_per_row(self, local: Tensor, items: Tensor, values: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
+        """The best ``kp`` of each row's new pairs, as dense ``(rows, kp)`` values and items (+inf padding)."""
+        starts = torch.cumsum(counts, 0) - counts
+        rank = torch.arange(local.numel(), device=local.device) - starts[local]
+        dense = torch.full((counts.numel(), int(counts.max())), float("inf"), device=values.device)
+        dense_items = torch.zeros(dense.shape, dtype=torch.long, device=values.device)
+        dense[local, rank] = values
+        dense_items[local, rank] = items
+        top = torch.topk(dense, min(self.kp, dense.shape[1]), dim=1, largest=False, sorted=False)
+        return top.values, dense_items.gather(1, top.indices)
+
+    def _set_thresholds(self, rows: slice) -> None:
+        """Give a threshold to the rows that have just reached ``kp`` entries."""
+        waiting = torch.nonzero(torch.isinf(self.tau[rows]) & (self.fill[rows] >= self.kp)).flatten()
+        if waiting.numel():
+            self._compact(waiting + rows.start)
+
+    def _compact(self, rows: Tensor) -> None:
+        """Cut ``rows`` back to their best ``kp`` entries and set their thresholds."""
+        top = torch.topk(self.keys[rows], self.kp, dim=1, largest=False, sorted=False)
+        kept = self.indices[rows].gather(1, top.indices)
+        self.keys[rows, self.kp :] = float("inf")
+        self.keys[rows, : self.kp] = top.values
+        self.indices[rows, : self.kp] = kept
+        self.fill[rows] = self.kp
+        self.tau[rows] = top.values.max(dim=1).values
+
+    def result(self) -> tuple[Tensor, Tensor]:
+        """``(keys, gallery positions)`` of the best ``kp`` candidates of every row (+inf where none)."""
+        over = torch.nonzero(self.fill > self.kp).flatten()
+        if over.numel():
+            self._compact(over)
+        return self.keys[:, : self.kp].clone(), self.indices[:, : self.kp].long()
+
+
+def _add(buffer: _Buffer, rows: slice, keys: Tensor, col0: int) -> None:
+    if buffer.filling(rows):
+        buffer.add_dense(rows, keys, col0)
+    else:
+        buffer.add_filtered(rows, keys, col0)
+
+
+def _initial_thresholds(
+    n_query: int, n_gallery: int, key_fn: KeyFn, kp: int, mask_fn: MaskFn, rows_per_chunk: int
+) -> Tensor:
+    """An upper bound of each query's ``kp``-th smallest key, from a strided sample of the gallery.
+
+    The ``kp``-th key over a subset is never below the ``kp``-th key over the whole gallery, so it is a
+    valid first threshold; it is inflated slightly so that rounding differences between block shapes
+    cannot drop an item at the bound. +inf where the sample holds fewer than ``kp`` eligible items.
+    """
+    n_sample = min(n_gallery, max(SAMPLE, 4 * kp))
+    tau = torch.full((n_query,), float("inf"))
+    if n_sample <= kp or n_sample == n_gallery:
+        return tau
+    sample = torch.arange(n_sample) * n_gallery // n_sample
+    for q0 in range(0, n_query, rows_per_chunk):
+        rows = slice(q0, min(q0 + rows_per_chunk, n_query))
+        keys = key_fn(rows, sample)
+        sample = sample.to(keys.device)
+        tau = tau.to(keys.device)
+        mask_fn(keys, rows, sample)
+        tau[rows] = torch.topk(keys, kp, dim=1, largest=False, sorted=False).values.amax(dim=1)
+    return tau + tau.abs() * 1e-5 + 1e-6
+
+
+def stream_topk(
+    query: Tensor,
+    gallery: Tensor,
+    bias: Tensor,
+    alpha: float,
+    kp: int,
+    mask_fn: MaskFn,
+    *,
+    rows_per_chunk: int,
+    cols_per_block: int,
+) -> tuple[Tensor, Tensor]:
+    """The ``kp`` smallest keys ``bias[g] + alpha * <q, g>`` of every query against a gallery.
+
+    Args:
+        query: ``(Q, D)`` prepared query rows (float32).
+        gallery: ``(G, D)`` prepared gallery rows.
+        bias: ``(G,)`` per-item bias of the key.
+        alpha: the factor of the inner product (-2 for L2, -1 for dot/cosine).
+        kp: number of candidates to keep.
+        mask_fn: sets excluded pairs of a block to +inf; called with the block's query rows and gallery
+            columns (slices, or an index tensor of gallery columns for the sample pre-pass).
+        rows_per_chunk, cols_per_block: block sides.
+
+    Returns:
+        ``(keys (Q, kp), positions (Q, kp))``; +inf keys where a query has fewer eligible items.
+    """
+
+    def key_fn(rows: slice, cols: slice | Tensor) -> Tensor:
+        return torch.addmm(bias[None, cols], query[rows], gallery[cols].T, alpha=alpha)
+
+    n_query, n_gallery = query.shape[0], gallery.shape[0]
+    tau = _initial_thresholds(n_query, n_gallery, key_fn, kp, mask_fn, rows_per_chunk)
+    buffer = _Buffer(kp, tau)
+    for q0 in range(0, n_query, rows_per_chunk):
+        rows = slice(q0, min(q0 + rows_per_chunk, n_query))
+        for g0 in range(0, n_gallery, cols_per_block):
+            cols = slice(g0, min(g0 + cols_per_block, n_gallery))
+            keys = key_fn(rows, cols)
+            mask_fn(keys, rows, cols)
+            _add(buffer, rows, keys, g0)
+    return buffer.result()
+
+
+def stream_topk_symmetric(
+    left: Tensor,
+    right: Tensor,
+    kp: int,
+    mask_fn: MaskFn,
+    *,
+    rows_per_chunk: int,
+    cols_per_block: int,
+) -> tuple[Tensor, Tensor]:
+    """As :func:`stream_topk` for a set searched against itself, each distance block computed once.
+
+    The key of the pair (i, j) is ``<left_i, right_j>`` and must be symmetric in value, e.g. half the
+    squared L2 distance through augmented rows (``left = [x, |x|^2 / 2, 1]``, ``right = [-x, 1, |x|^2 / 2]``)
+    or ``-<x_i, x_j>``. ``mask_fn`` must be symmetric (same sequence, other group) and mask the diagonal
+    of the diagonal blocks (the query itself).
+    """
+    n = left.shape[0]
+    tau = _initial_thresholds(n, n, lambda rows, cols: left[rows] @ right[cols].T, kp, mask_fn, rows_per_chunk)
+    buffer = _Buffer(kp, tau)
+    for i0 in range(0, n, rows_per_chunk):
+        rows = slice(i0, min(i0 + rows_per_chunk, n))
+        diagonal = left[rows] @ right[rows].T
+        mask_fn(diagonal, rows, rows)
+        _add(buffer, rows, diagonal, i0)
+        for j0 in range(rows.stop, n, cols_per_block):
+            cols = slice(j0, min(j0 + cols_per_block, n))
+            keys = left[rows] @ right[cols].T
+            mask_fn(keys, rows, cols)
+            _add(buffer, rows, keys, j0)
+            if buffer.filling(cols):
+                buffer.add_dense_transposed(rows, keys, cols)
+            else:
+                buffer.add_filtered_transposed(rows, keys, cols)
+    return buffer.result()
