@@ -1,7 +1,13 @@
-"""torchmetrics-retrieval: exact, fast, distributed retrieval metrics for embedding models."""
+"""torchmetrics-retrieval: exact, fast, distributed retrieval metrics for embedding models.
 
-from torchmetrics_retrieval import functional
+The metric classes are ``torchmetrics.Metric`` subclasses; :mod:`torchmetrics_retrieval.functional`
+holds the stateless core they call; :mod:`torchmetrics_retrieval.compat` the drop-in APIs of
+pytorch-metric-learning, open-metric-learning and nidl.
+"""
+
+from torchmetrics_retrieval import functional, plotting
+from torchmetrics_retrieval.metrics import PCF, ContrastiveAccuracy, EmbeddingMetrics, FNMRAtFMR
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "functional"]
+__all__ = ["PCF", "ContrastiveAccuracy", "EmbeddingMetrics", "FNMRAtFMR", "__version__", "functional", "plotting"]

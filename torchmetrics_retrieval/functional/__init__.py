@@ -1,5 +1,7 @@
 """Stateless core: exact kNN, relevance, ranking kernels, reductions and the metrics built on them."""
 
+from torchmetrics_retrieval.functional.clustering import clustering_scores, kmeans
+from torchmetrics_retrieval.functional.contrastive import contrastive_accuracy
 from torchmetrics_retrieval.functional.knn import KNNResult, distance_blocks, knn
 from torchmetrics_retrieval.functional.ranking import (
     average_precision,
@@ -20,23 +22,35 @@ from torchmetrics_retrieval.functional.retrieval import (
     retrieval_metrics,
     retrieval_per_query,
 )
+from torchmetrics_retrieval.functional.topology import alignment, covariance_sums, pcf, pcf_from_sums, uniformity
+from torchmetrics_retrieval.functional.verification import det_curve, fnmr_at_fmr, fnmr_at_fmr_from_distances
 
 __all__ = [
     "KNNResult",
     "RetrievalOptions",
     "RetrievalResult",
+    "alignment",
     "apply_empty_target_action",
     "average_precision",
+    "clustering_scores",
     "cmc_at_k",
+    "contrastive_accuracy",
     "count_relevant",
+    "covariance_sums",
+    "det_curve",
     "distance_blocks",
+    "fnmr_at_fmr",
+    "fnmr_at_fmr_from_distances",
     "grouped_mean",
+    "kmeans",
     "knn",
     "label_match",
     "map_at_k",
     "map_at_r",
     "masked_mean",
     "ndcg_at_k",
+    "pcf",
+    "pcf_from_sums",
     "precision_at_k",
     "r_precision",
     "recall_at_k",
@@ -44,4 +58,5 @@ __all__ = [
     "relevance_matrix",
     "retrieval_metrics",
     "retrieval_per_query",
+    "uniformity",
 ]

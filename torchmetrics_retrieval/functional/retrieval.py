@@ -150,10 +150,12 @@ class RetrievalResult:
         """Input-set positions of the ``n`` counted queries with the lowest ``key`` value (ties by position).
 
         Example:
-            >>> x = torch.tensor([[0.0], [0.1], [5.0], [5.1], [0.2]])
+            >>> x = torch.tensor([[0.0], [0.3], [5.0], [5.1], [0.2]])
             >>> _, res = retrieval_metrics(x, torch.tensor([0, 0, 1, 1, 1]), cmc_top_k=(1,), return_per_query=True)
+            >>> res.values["cmc/1"].tolist()  # q0, q1 and q4 miss at rank 1; ties go by position
+            [0.0, 0.0, 1.0, 1.0, 0.0]
             >>> res.worst_queries("cmc/1", 2).tolist()
-            [1, 4]
+            [0, 1]
         """
         if key not in self.values:
             raise ValueError(f"`key` must be one of {sorted(self.values)}, got {key!r}.")
@@ -289,14 +291,15 @@ def retrieval_per_query(
     k = max((*cutoffs, *options.ndcg_top_k, 1))
     if options.map_at_r or options.r_precision:
         k = max(k, int(n_relevant.max()))
+    leave_one_out = gallery is None and is_query is None and is_gallery is None
     found = knn(
         qg.query,
-        qg.gallery,
+        None if leave_one_out else qg.gallery,  # the set against itself: each distance is computed once
         k,
         distance=options.distance,
-        exclude_self=qg.self_index,
-        sequence_ids=qg.sequence_ids,
-        search_groups=qg.search_groups,
+        exclude_self=True if leave_one_out else qg.self_index,
+        sequence_ids=sequence_ids if leave_one_out else qg.sequence_ids,
+        search_groups=search_groups if leave_one_out else qg.search_groups,
         backend=options.knn_backend,
         chunk_size=options.chunk_size,
     )
@@ -455,11 +458,11 @@ def retrieval_metrics(
         ``{key: 0-dim tensor}`` with the keys listed in the module docstring.
 
     Example:
-        >>> x = torch.tensor([[0.0], [0.1], [5.0], [5.1], [0.2]])
+        >>> x = torch.tensor([[0.0], [0.3], [5.0], [5.1], [0.2]])
         >>> labels = torch.tensor([0, 0, 1, 1, 1])
         >>> metrics = retrieval_metrics(x, labels, cmc_top_k=(1,), precision_top_k=(2,), map_top_k=(), mrr=True)
         >>> {key: round(float(value), 4) for key, value in metrics.items()}
-        {'cmc/1': 0.6, 'precision/2': 0.7, 'mrr': 0.7}
+        {'cmc/1': 0.4, 'precision/2': 0.6, 'mrr': 0.6667}
     """
     opts = RetrievalOptions.create(**options)
     result = None

@@ -4,9 +4,9 @@ The classes that keep every sample share :class:`~torchmetrics_retrieval.metrics
 (validation against previous batches, DDP gather safe with empty ranks, de-duplication by ``indexes``).
 """
 
+from torchmetrics_retrieval.metrics.contrastive import ContrastiveAccuracy
 from torchmetrics_retrieval.metrics.embedding import EmbeddingMetrics
+from torchmetrics_retrieval.metrics.topology import PCF
+from torchmetrics_retrieval.metrics.verification import FNMRAtFMR
 
-# ContrastiveAccuracy (metrics/contrastive.py), FNMRAtFMR (metrics/verification.py) and PCF
-# (metrics/topology.py) are exported here once written.
-
-__all__ = ["EmbeddingMetrics"]
+__all__ = ["PCF", "ContrastiveAccuracy", "EmbeddingMetrics", "FNMRAtFMR"]
