@@ -685,12 +685,14 @@ def _check_magnitude(name: str, x: Tensor) -> None:
 
 def _resolve_backend(backend: str, problem: _Problem, kp: int) -> str:
     if backend == "auto":
-        # benchmarks/bench_knn.py on 2 shared CPU cores (N = 10k, 30k; D = 128; K = 21, 100): the faiss stage
-        # was 2-4x faster than the torch stage (the torch stage's per-block candidate extraction dominates at
-        # these sizes); at K = 1001 they were close. So: faiss on CPU, torch on other devices and for
-        # search groups (faiss cannot restrict a search to a group).
+        # Measured (benchmarks/bench_knn.py, benchmarks/README.md): for a set searched against itself the
+        # symmetric torch stage computes each distance block once and beats faiss's flat index (0.65x its
+        # time at N = 100k, K = 20); against a separate gallery faiss's fused search is faster on CPU.
+        # Torch on other devices and for search groups (faiss cannot restrict a search to a group).
         cpu = problem.query.device.type == "cpu"
-        return "faiss" if cpu and problem.exclusions.search_groups is None else "torch"
+        if problem.symmetric or not cpu or problem.exclusions.search_groups is not None:
+            return "torch"
+        return "faiss"
     if backend == "torch":
         return "torch"
     if problem.exclusions.search_groups is not None:
@@ -762,10 +764,10 @@ def knn(
             ``gallery`` is None, else a ``(query_side (Q,), gallery_side (G,))`` pair.
         search_groups: integer ids; only items of the query's group are searched. Same form as
             ``sequence_ids``.
-        backend: ``"auto"`` (faiss on CPU, the fastest in our benchmark; torch on other devices and with
-            search groups), ``"torch"`` or ``"faiss"`` (CPU, or GPU
-            with faiss-gpu; falls back to torch with a warning for search groups or CUDA tensors without
-            faiss-gpu).
+        backend: ``"auto"`` (the fastest in our benchmark: torch for a set searched against itself, where
+            each distance block is computed once, for search groups and off the CPU; faiss otherwise),
+            ``"torch"`` or ``"faiss"`` (CPU, or GPU with faiss-gpu; falls back to torch with a warning for
+            search groups or CUDA tensors without faiss-gpu).
         chunk_size: int >= 1, caps the query rows and gallery columns of a block (testing, memory).
 
     Returns:
