@@ -21,7 +21,8 @@ def pair_distance(q: Tensor, g: Tensor, distance: str) -> float:
     if distance == "sqeuclidean":
         return float(((q64 - g64) ** 2).sum())
     if distance == "cosine":
-        return 1.0 - float((q64 / q64.norm()) @ (g64 / g64.norm()))
+        # 1 - <q, g> / sqrt(<q, q> <g, g>): exactly 0 for parallel rows (normalising first can leave 2e-16)
+        return 1.0 - float(q64 @ g64) / math.sqrt(float(q64 @ q64) * float(g64 @ g64))
     if distance == "dot":
         return -float(q64 @ g64)
     raise ValueError(distance)

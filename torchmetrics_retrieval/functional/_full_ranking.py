@@ -64,6 +64,7 @@ def _ranks_of_chunk(
             sequence_ids=sequence_ids,
             search_groups=search_groups,
             chunk_size=chunk_size,
+            exact=True,  # the distances knn reports, so ties are ordered as in the retrieved lists
         )
         for block in tiles:
             qs, gs = block.query_slice, block.gallery_slice

@@ -11,7 +11,7 @@ Two public entry points:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Literal, NamedTuple
 
 import torch
@@ -195,18 +195,38 @@ def _eligible(rows: slice, cols: slice, exclusions: _Exclusions, device: torch.d
     return mask
 
 
+def _exact_block(q64: Tensor, q_sq: Tensor, g64: Tensor, g_sq: Tensor, distance: str) -> Tensor:
+    """Canonical float64 distances of a block (the formula :func:`knn` reports)."""
+
+    def direct_sq(close: tuple[Tensor, ...]) -> Tensor:
+        diff = q64[close[0]] - g64[close[1]]
+        return (diff * diff).sum(dim=1)
+
+    return _distances_from_dots(q64 @ g64.T, q_sq[:, None], g_sq[None, :], distance, direct_sq)
+
+
 def _iter_blocks(
-    query: Tensor, gallery: Tensor, distance: str, exclusions: _Exclusions, chunk_size: int | None
+    query: Tensor, gallery: Tensor, distance: str, exclusions: _Exclusions, chunk_size: int | None, exact: bool
 ) -> Iterator[DistanceBlock]:
-    rows, cols = _block_sides(query.shape[0], gallery.shape[0], chunk_size)
-    gallery_prepared, gallery_sq = _prepare(gallery, distance)
+    rows, cols = _block_sides(query.shape[0], gallery.shape[0], chunk_size, bytes_per_pair=32 if exact else 16)
+    if exact:
+        query64, gallery64 = query.to(torch.float64), gallery.to(torch.float64)
+        query_sq64, gallery_sq64 = _self_dots(query64), _self_dots(gallery64)
+    else:
+        gallery_prepared, gallery_sq = _prepare(gallery, distance)
     for q0 in range(0, query.shape[0], rows):
         q_slice = slice(q0, min(q0 + rows, query.shape[0]))
-        q, q_sq = _prepare(query[q_slice], distance)
+        if not exact:
+            q, q_sq = _prepare(query[q_slice], distance)
         for g0 in range(0, gallery.shape[0], cols):
             g_slice = slice(g0, min(g0 + cols, gallery.shape[0]))
-            g_sq = None if gallery_sq is None else gallery_sq[g_slice]
-            d = _block_distances(q, q_sq, gallery_prepared[g_slice], g_sq, distance)
+            if exact:
+                d = _exact_block(
+                    query64[q_slice], query_sq64[q_slice], gallery64[g_slice], gallery_sq64[g_slice], distance
+                ).to(query.dtype)
+            else:
+                g_sq = None if gallery_sq is None else gallery_sq[g_slice]
+                d = _block_distances(q, q_sq, gallery_prepared[g_slice], g_sq, distance)
             eligible = _eligible(q_slice, g_slice, exclusions, query.device)
             if eligible is not None:
                 d.masked_fill_(~eligible, float("inf"))
@@ -222,6 +242,7 @@ def distance_blocks(
     sequence_ids: tuple[Tensor, Tensor] | None = None,
     search_groups: tuple[Tensor, Tensor] | None = None,
     chunk_size: int | None = None,
+    exact: bool = False,
 ) -> Iterator[DistanceBlock]:
     """Tile the ``(Q, G)`` query x gallery distance matrix in memory-bounded blocks.
 
@@ -229,8 +250,10 @@ def distance_blocks(
     its mask and the temporaries) stays within ``BLOCK_BYTES``; ``chunk_size`` caps both sides of a block.
     Distances are computed on the tensors' device in float32 (float64 inputs in float64) by matmul
     expansion: ``euclidean`` ``sqrt(max(|q|^2 + |g|^2 - 2<q,g>, 0))``, ``sqeuclidean`` the same without the
-    square root, ``cosine`` ``1 - <q/|q|, g/|g|>``, ``dot`` ``-<q,g>``. These are fast, not canonical:
-    :func:`knn` recomputes the distances it returns exactly.
+    square root, ``cosine`` ``1 - <q/|q|, g/|g|>``, ``dot`` ``-<q,g>``. These are fast, not canonical.
+    With ``exact=True`` they are the canonical distances that :func:`knn` reports (float64, cast to the
+    query dtype), so rankings built from the blocks order ties exactly as :func:`knn` does; about twice
+    the cost.
 
     A pair is excluded (distance ``+inf``, ``eligible`` False) when ``g`` is the query itself
     (``self_index[q] == g``), when both have the same sequence id, or when they are in different search
@@ -244,6 +267,7 @@ def distance_blocks(
         sequence_ids: ``(query_side (Q,), gallery_side (G,))`` integer ids.
         search_groups: ``(query_side (Q,), gallery_side (G,))`` integer ids.
         chunk_size: int >= 1, the largest side of a block.
+        exact: canonical distances (see above).
 
     Yields:
         :class:`DistanceBlock` ``(query_slice, gallery_slice, distances, eligible)``, row blocks outer.
@@ -260,7 +284,7 @@ def distance_blocks(
         check_positive_int("chunk_size", chunk_size)
     exclusions = _check_exclusions("self_index", self_index, sequence_ids, search_groups, query, gallery)
     # Validation runs now; the blocks are computed lazily.
-    return _iter_blocks(query, gallery, distance, exclusions, chunk_size)
+    return _iter_blocks(query, gallery, distance, exclusions, chunk_size, exact)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -558,26 +582,39 @@ def _pair_eligible(exclusions: _Exclusions, indices: Tensor) -> Tensor:
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-def _canonical_distances(problem: _Problem, rows: Tensor, pair_rows: Tensor, pair_cols: Tensor) -> Tensor:
-    """Float64 distances of the pairs ``(rows[pair_rows[i]], pair_cols[i])``, computed pair by pair.
+def _distances_from_dots(
+    dots: Tensor, q_sq: Tensor, g_sq: Tensor, distance: str, direct_sq: Callable[[tuple[Tensor, ...]], Tensor]
+) -> Tensor:
+    """The canonical float64 distance from canonical inner products (pairs or a block, broadcast).
 
     ``dot``: ``-<q,g>``; ``cosine``: ``1 - <q,g> / sqrt(<q,q><g,g>)``; ``sqeuclidean``:
-    ``<q,q> + <g,g> - 2<q,g>`` (clamped at 0), or ``sum((q - g)^2)`` where that expansion cancels badly
-    (near-duplicates); ``euclidean``: its square root. Exact duplicates get exactly 0.
+    ``<q,q> + <g,g> - 2<q,g>`` (clamped at 0), or ``direct_sq`` (``sum((q - g)^2)`` of the entries at the
+    given indices) where that expansion cancels badly (near-duplicates); ``euclidean``: its square root.
+    Exact duplicates get exactly 0.
     """
+    if distance == "dot":
+        return -dots
+    if distance == "cosine":
+        return 1.0 - dots / torch.sqrt(q_sq * g_sq)
+    scale = q_sq + g_sq
+    squared = (scale - 2.0 * dots).clamp_(min=0.0)
+    close = torch.nonzero(squared < scale * 2.0**-10, as_tuple=True)
+    if close[0].numel():
+        squared[close] = direct_sq(close)
+    return squared.sqrt_() if distance == "euclidean" else squared
+
+
+def _canonical_distances(problem: _Problem, rows: Tensor, pair_rows: Tensor, pair_cols: Tensor) -> Tensor:
+    """Float64 distances of the pairs ``(rows[pair_rows[i]], pair_cols[i])``, computed pair by pair."""
     query64 = problem.query64[rows]
     dots = _canonical_dots(pair_rows, pair_cols, query64, problem.gallery64)
-    if problem.distance == "dot":
-        return -dots
+
+    def direct_sq(close: tuple[Tensor, ...]) -> Tensor:
+        diff = query64[pair_rows[close[0]]] - problem.gallery64[pair_cols[close[0]]]
+        return (diff * diff).sum(dim=1)
+
     q_sq, g_sq = problem.query_sq64[rows][pair_rows], problem.gallery_sq64[pair_cols]
-    if problem.distance == "cosine":
-        return 1.0 - dots / torch.sqrt(q_sq * g_sq)
-    squared = (q_sq + g_sq - 2.0 * dots).clamp_(min=0.0)
-    close = torch.nonzero(squared < (q_sq + g_sq) * 2.0**-10).flatten()
-    if close.numel():
-        diff = query64[pair_rows[close]] - problem.gallery64[pair_cols[close]]
-        squared[close] = (diff * diff).sum(dim=1)
-    return squared.sqrt_() if problem.distance == "euclidean" else squared
+    return _distances_from_dots(dots, q_sq, g_sq, problem.distance, direct_sq)
 
 
 def _key_tolerance(problem: _Problem, rows: Tensor) -> Tensor:
