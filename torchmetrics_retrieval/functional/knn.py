@@ -379,8 +379,11 @@ def _canonical_dots(rows: Tensor, cols: Tensor, query64: Tensor, gallery64: Tens
     n_pairs = rows.numel()
     if n_pairs == 0:
         return torch.zeros(0, dtype=torch.float64, device=query64.device)
-    order = torch.argsort(rows * gallery64.shape[0] + cols)
-    r, c = rows[order], cols[order]
+    # CSR needs the pairs grouped by row (columns within a row may come in any order; each value is its
+    # own dot product). Pairs from ``nonzero`` are already row-major: sort only when they are not.
+    in_order = bool((rows[1:] >= rows[:-1]).all())
+    order = torch.arange(n_pairs, device=rows.device) if in_order else torch.argsort(rows, stable=True)
+    r, c = (rows, cols) if in_order else (rows[order], cols[order])
     crow = torch.zeros(query64.shape[0] + 1, dtype=torch.long, device=rows.device)
     crow[1:] = torch.cumsum(torch.bincount(r, minlength=query64.shape[0]), 0)
     with warnings.catch_warnings():
@@ -393,6 +396,8 @@ def _canonical_dots(rows: Tensor, cols: Tensor, query64: Tensor, gallery64: Tens
             check_invariants=False,
         )
         values = torch.sparse.sampled_addmm(pattern, query64, gallery64.T, beta=0.0).values()
+    if in_order:
+        return values
     out = torch.empty_like(values)
     out[order] = values
     return out
