@@ -27,7 +27,7 @@ from torchmetrics_retrieval.functional._checks import (
     describe,
 )
 
-__all__ = ["QueryGallery", "PairedIds", "split_query_gallery"]
+__all__ = ["PairedIds", "QueryGallery", "split_query_gallery"]
 
 PairedIds = Tensor | tuple[Tensor, Tensor]
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-__all__ = ["stream_topk", "stream_topk_symmetric"]
+__all__ = ["buffer_width", "stream_topk", "stream_topk_symmetric"]
 
 #: Masks the excluded pairs of a block in place: (keys, query rows, gallery columns).
 MaskFn = Callable[[Tensor, slice, "slice | Tensor"], None]
@@ -54,21 +54,9 @@ def _below_by_row(keys: Tensor, tau: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return seg_rows[hit], seg_ids[hit] * SEGMENT + offset, values[hit, offset]
 
 
-def _below_by_column(keys: Tensor, tau: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``(r, c, keys[r, c])`` of the entries with ``keys[r, c] < tau[c]``, sorted by column then row."""
-    n_rows, n_cols = keys.shape
-    if n_rows % SEGMENT:
-        r, c = torch.nonzero(keys < tau[None, :], as_tuple=True)
-        c, order = torch.sort(c, stable=True)
-        r = r[order]
-        return r, c, keys[r, c]
-    segments = keys.view(n_rows // SEGMENT, SEGMENT, n_cols)
-    seg_ids, seg_cols = torch.nonzero(segments.amin(dim=1) < tau[None, :], as_tuple=True)
-    seg_cols, order = torch.sort(seg_cols, stable=True)
-    seg_ids = seg_ids[order]
-    values = segments.permute(0, 2, 1)[seg_ids, seg_cols]  # (P, SEGMENT)
-    hit, offset = torch.nonzero(values < tau[seg_cols, None], as_tuple=True)
-    return seg_ids[hit] * SEGMENT + offset, seg_cols[hit], values[hit, offset]
+def buffer_width(kp: int) -> int:
+    """Slots per row: ``kp`` kept plus a slack >= ``kp`` (a dense append of <= kp fits after a compaction)."""
+    return kp + max(2 * kp, 64)
 
 
 class _Buffer:
@@ -76,7 +64,7 @@ class _Buffer:
 
     def __init__(self, kp: int, tau: Tensor) -> None:
         self.kp = kp
-        self.width = kp + max(kp, 64)  # slack >= kp: a dense append (<= kp per row) fits after a compaction
+        self.width = buffer_width(kp)
         n_rows, device = tau.shape[0], tau.device
         self.keys = torch.full((n_rows, self.width), float("inf"), device=device)
         self.indices = torch.zeros((n_rows, self.width), dtype=torch.int32, device=device)
@@ -105,7 +93,7 @@ class _Buffer:
 
     def add_filtered_transposed(self, items: slice, keys: Tensor, queries: slice) -> None:
         """Append the entries below their column query's threshold (keys are symmetric)."""
-        r, c, values = _below_by_column(keys, self.tau[queries])
+        c, r, values = _below_by_row(keys.T.contiguous(), self.tau[queries])  # one copy: rows contiguous
         if c.numel():
             self._append_sorted(queries, c, r + items.start, values)
 

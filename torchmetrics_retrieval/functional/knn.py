@@ -24,7 +24,7 @@ from torchmetrics_retrieval.functional._checks import (
     check_same_length,
     describe,
 )
-from torchmetrics_retrieval.functional._stream_topk import stream_topk, stream_topk_symmetric
+from torchmetrics_retrieval.functional._stream_topk import buffer_width, stream_topk, stream_topk_symmetric
 
 __all__ = ["BACKENDS", "DISTANCES", "Distance", "DistanceBlock", "KNNBackend", "KNNResult", "distance_blocks", "knn"]
 
@@ -299,6 +299,9 @@ TOLERANCE_FACTOR = 2.0
 #: Rows and columns of a stage-1 block of the torch backend (measured with benchmarks/bench_knn.py).
 STAGE1_ROWS = 512
 STAGE1_COLUMNS = 4096
+#: ``auto`` uses the symmetric torch stage from this many samples and up to this many candidates per query.
+AUTO_TORCH_MIN_N = 60_000
+AUTO_TORCH_MAX_KP = 48
 #: Largest candidate buffer (bytes) of the symmetric search, which holds every query's candidates at once.
 SYMMETRIC_BUFFER_BYTES = 768 * 2**20
 #: Largest number of candidate pairs recomputed canonically at once (stage 2).
@@ -485,7 +488,7 @@ class _TorchStage:
 
     def __call__(self, rows: Tensor, kp: int) -> _Candidates:
         n_query = self.problem.query.shape[0]
-        if self.symmetric and n_query * 2 * kp * 8 <= SYMMETRIC_BUFFER_BYTES:
+        if self.symmetric and n_query * buffer_width(kp) * 8 <= SYMMETRIC_BUFFER_BYTES:
             if self._all_rows is None or self._all_rows.keys.shape[1] != kp:
                 self._all_rows = self._search_symmetric(kp)
             return _Candidates(*(part[rows] for part in self._all_rows))
@@ -727,12 +730,14 @@ def _check_magnitude(name: str, x: Tensor) -> None:
 
 def _resolve_backend(backend: str, problem: _Problem, kp: int) -> str:
     if backend == "auto":
-        # Measured (benchmarks/bench_knn.py, benchmarks/README.md): for a set searched against itself the
-        # symmetric torch stage computes each distance block once and beats faiss's flat index (0.65x its
-        # time at N = 100k, K = 20); against a separate gallery faiss's fused search is faster on CPU.
-        # Torch on other devices and for search groups (faiss cannot restrict a search to a group).
+        # Measured on 2 CPU cores, one thread each (benchmarks/README.md, D = 128, relative to bare faiss
+        # IndexFlatL2): the symmetric torch stage (a set against itself, each distance block computed once)
+        # took 0.65x at N = 100k, K = 20 but 1.5x at N = 30k, K = 20 and 2.5x at K = 100, where its candidate
+        # volume grows; the faiss stage took 1.1-1.4x at every size. So: torch for large leave-one-out
+        # searches with few candidates, for search groups and off the CPU; faiss otherwise.
         cpu = problem.query.device.type == "cpu"
-        if problem.symmetric or not cpu or problem.exclusions.search_groups is not None:
+        large_symmetric = problem.symmetric and problem.query.shape[0] >= AUTO_TORCH_MIN_N and kp <= AUTO_TORCH_MAX_KP
+        if large_symmetric or not cpu or problem.exclusions.search_groups is not None:
             return "torch"
         return "faiss"
     if backend == "torch":
@@ -806,8 +811,9 @@ def knn(
             ``gallery`` is None, else a ``(query_side (Q,), gallery_side (G,))`` pair.
         search_groups: integer ids; only items of the query's group are searched. Same form as
             ``sequence_ids``.
-        backend: ``"auto"`` (the fastest in our benchmark: torch for a set searched against itself, where
-            each distance block is computed once, for search groups and off the CPU; faiss otherwise),
+        backend: ``"auto"`` (the fastest in our benchmark: torch for large sets searched against themselves
+            with small K, where each distance block is computed once, for search groups and off the CPU;
+            faiss otherwise),
             ``"torch"`` or ``"faiss"`` (CPU, or GPU with faiss-gpu; falls back to torch with a warning for
             search groups or CUDA tensors without faiss-gpu).
         chunk_size: int >= 1, caps the query rows and gallery columns of a block (testing, memory).
