@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torchmetrics_retrieval.functional.topology import (
+    SHARE_TOLERANCE,
     alignment,
     covariance_sums,
     pcf,
@@ -20,7 +21,11 @@ from torchmetrics_retrieval.functional.topology import (
 
 
 def reference_pcf(x: np.ndarray, fractions: tuple[float, ...]) -> list[float]:
-    """DESIGN section 3 with an SVD of the centred rows, loops allowed."""
+    """DESIGN section 3 with an SVD of the centred rows, loops allowed.
+
+    A share within ``SHARE_TOLERANCE`` of r counts as equal to it (the documented rule that keeps float
+    noise from changing n; without it r = 1 - 1e-16 against a share of exactly 1 would be ill-posed).
+    """
     n, d = x.shape
     centred = x.astype(np.float64) - x.astype(np.float64).mean(axis=0)
     singular = np.linalg.svd(centred, compute_uv=False)  # min(n, d) values
@@ -28,7 +33,7 @@ def reference_pcf(x: np.ndarray, fractions: tuple[float, ...]) -> list[float]:
     shares = np.cumsum(eigenvalues) / eigenvalues.sum()
     out = []
     for r in fractions:
-        n_components = 1 + sum(1 for share in shares if share <= r)
+        n_components = 1 + sum(1 for share in shares if share <= r + SHARE_TOLERANCE)
         out.append(min(n_components, d) / d)
     return out
 
