@@ -348,8 +348,8 @@ class ExactKNN:
     ``k`` is capped at the number of candidates of a query.
 
     Args:
-        backend: the :func:`~torchmetrics_retrieval.functional.knn` backend; None: ``"faiss"`` for CPU
-            tensors (the fastest for this search in ``benchmarks/bench_compat_pml.py``), ``"auto"`` otherwise.
+        backend: the :func:`~torchmetrics_retrieval.functional.knn` backend; None: ``"auto"`` (the faster
+            backend for the situation; a reference that is the query set itself is searched symmetrically).
     """
 
     def __init__(self, backend: KNNBackend | None = None) -> None:
@@ -367,9 +367,24 @@ class ExactKNN:
         k = min(k, reference.shape[0] - (0 if self_index is None else 1))
         if k <= 0:
             return _empty_neighbours(query.shape[0], query.device)
-        backend = self.backend or ("faiss" if query.device.type == "cpu" else "auto")
-        found = knn(query, reference, k, distance="sqeuclidean", exclude_self=self_index, backend=backend)
+        backend = self.backend or "auto"
+        if self_index is not None and _is_same_set(query, reference, self_index):
+            # the set against itself: lets knn compute each distance block once (symmetric search)
+            found = knn(query, None, k, distance="sqeuclidean", backend=backend)
+        else:
+            found = knn(query, reference, k, distance="sqeuclidean", exclude_self=self_index, backend=backend)
         return found.distances, found.indices
+
+
+def _is_same_set(query: Tensor, reference: Tensor, self_index: Tensor) -> bool:
+    """Whether query i is reference row i for every i and there is no other reference row."""
+    if query is reference:
+        return True
+    if query.shape != reference.shape:
+        return False
+    return bool(torch.equal(self_index, torch.arange(query.shape[0], device=query.device))) and torch.equal(
+        query, reference
+    )
 
 
 class KMeans:
