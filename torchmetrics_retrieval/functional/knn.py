@@ -291,9 +291,11 @@ def distance_blocks(
 # knn: problem set-up
 # ----------------------------------------------------------------------------------------------------------------------
 
-#: Stage-1 candidates per query: ``K + max(MIN_MARGIN, K // MARGIN_DIVISOR)``.
+#: Stage-1 candidates per query: ``K + min(MAX_MARGIN, max(MIN_MARGIN, K // MARGIN_DIVISOR))``; a row whose
+#: margin is too thin for the certificate is searched again with more.
 MIN_MARGIN = 8
 MARGIN_DIVISOR = 4
+MAX_MARGIN = 64
 #: Safety factor on the worst-case float32 rounding bound of the stage-1 keys.
 TOLERANCE_FACTOR = 2.0
 #: Rows and columns of a stage-1 block of the torch backend (measured with benchmarks/bench_knn.py).
@@ -658,15 +660,27 @@ class _Ranked(NamedTuple):
     certified: Tensor  # (R,) bool: provably the exact answer
 
 
+def _order_by_distance_then_position(distances: Tensor, positions: Tensor) -> Tensor:
+    """Per row, the permutation sorting by (distance, position): one sort on a combined int64 key.
+
+    Float32 distances are mapped to order-preserving int32 bits (+inf sorts last) and combined with the
+    position; other dtypes take two stable sorts.
+    """
+    if distances.dtype == torch.float32 and positions.numel() and int(positions.max()) < 2**31:
+        bits = distances.contiguous().view(torch.int32).to(torch.int64)
+        ordered = torch.where(bits < 0, -(bits & 0x7FFFFFFF), bits)  # monotone in the float value
+        return torch.argsort(ordered * 2**32 + positions, dim=1)
+    by_position = torch.argsort(positions, dim=1, stable=True)
+    return by_position.gather(1, torch.argsort(distances.gather(1, by_position), dim=1, stable=True))
+
+
 def _rank(problem: _Problem, rows: Tensor, candidates: _Candidates, k: int) -> _Ranked:
     """Canonical distances of the candidates, stable order by (distance, gallery position), certificate."""
     keys, indices, ok = candidates
     pair_rows, slots = torch.nonzero(ok, as_tuple=True)
     exact = torch.full(ok.shape, float("inf"), dtype=problem.query.dtype, device=ok.device)
     exact[pair_rows, slots] = _canonical_distances(problem, rows, pair_rows, indices[pair_rows, slots]).to(exact.dtype)
-    by_position = torch.argsort(torch.where(ok, indices, problem.gallery.shape[0]), dim=1, stable=True)
-    by_distance = torch.argsort(exact.gather(1, by_position), dim=1, stable=True)
-    order = by_position.gather(1, by_distance)[:, :k]
+    order = _order_by_distance_then_position(exact, torch.where(ok, indices, problem.gallery.shape[0]))[:, :k]
     valid = ok.gather(1, order)
     distances = exact.gather(1, order).masked_fill_(~valid, float("inf"))
     chosen = indices.gather(1, order).masked_fill_(~valid, 0)
@@ -857,7 +871,7 @@ def knn(
     k = min(k, n_gallery, int(problem.n_eligible.max()))
     if k == 0:
         return _empty_result(n_query, query.dtype, query.device)
-    kp = min(n_gallery, k + max(MIN_MARGIN, k // MARGIN_DIVISOR))
+    kp = min(n_gallery, k + min(MAX_MARGIN, max(MIN_MARGIN, k // MARGIN_DIVISOR)))
     engine = _resolve_backend(backend, problem, kp)
     stage = (
         _TorchStage(problem, chunk_size) if engine == "torch" else _FaissStage(problem, use_gpu=engine == "faiss-gpu")
