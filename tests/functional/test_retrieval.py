@@ -369,3 +369,21 @@ GOOD = (torch.zeros(3, 2), torch.tensor([0, 0, 1]))
 def test_bad_input_names_the_argument(args, kwargs, error, match) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(error, match=match):
         retrieval_metrics(*args, **kwargs)
+
+
+@pytest.mark.parametrize("masks", [False, True])
+def test_query_chunks_keep_only_per_query_values(monkeypatch: pytest.MonkeyPatch, masks: bool) -> None:
+    import torchmetrics_retrieval.functional.retrieval as retrieval_module
+
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(90, 6, generator=g), torch.randint(0, 6, (90,), generator=g)
+    seq = torch.randint(0, 30, (90,), generator=g)
+    extra = {"is_query": torch.arange(90) % 3 != 0, "is_gallery": torch.arange(90) % 4 != 1} if masks else {}
+    whole, _ = retrieval_metrics(x, y, sequence_ids=seq, return_per_query=True, **extra, **ALL_RANKING)
+    monkeypatch.setattr(retrieval_module, "NEIGHBOUR_TABLE_BYTES", 2000)  # a few queries per chunk
+    searches = []
+    search = retrieval_module._search
+    monkeypatch.setattr(retrieval_module, "_search", lambda *a, **kw: searches.append(1) or search(*a, **kw))
+    chunked = retrieval_metrics(x, y, sequence_ids=seq, **extra, **ALL_RANKING)
+    assert len(searches) > 5
+    assert {k: v.item() for k, v in chunked.items()} == pytest.approx({k: v.item() for k, v in whole.items()})

@@ -702,7 +702,7 @@ def _rank(problem: _Problem, rows: Tensor, candidates: _Candidates, k: int) -> _
 #: Largest squared norm accepted (float32 keys must not overflow).
 MAX_SQUARED_NORM = 1e36
 #: Candidate pairs held at once by one round (bounds the memory of stages 1 and 2).
-ROUND_PAIRS = 2**24
+ROUND_PAIRS = 2**22
 
 
 def _as_pair(name: str, value: Tensor | tuple[Tensor, Tensor] | None, has_gallery: bool) -> object:

@@ -31,7 +31,7 @@ from torchmetrics_retrieval.functional._checks import (
 )
 from torchmetrics_retrieval.functional._full_ranking import relevant_ranks
 from torchmetrics_retrieval.functional._sets import PairedIds, QueryGallery, split_query_gallery
-from torchmetrics_retrieval.functional.knn import BACKENDS, DISTANCES, Distance, KNNBackend, knn
+from torchmetrics_retrieval.functional.knn import BACKENDS, DISTANCES, Distance, KNNBackend, KNNResult, knn
 from torchmetrics_retrieval.functional.reduction import (
     EMPTY_TARGET_ACTIONS,
     EmptyTargetAction,
@@ -43,6 +43,11 @@ from torchmetrics_retrieval.functional.reduction import (
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn, count_relevant, relevance_matrix
 
 __all__ = ["RetrievalOptions", "RetrievalResult", "retrieval_metrics", "retrieval_per_query"]
+
+#: Largest (Q, K) neighbour table (distances, indices, validity, hits) held at once when the caller does not
+#: ask for the neighbours themselves.
+NEIGHBOUR_TABLE_BYTES = 256 * 2**20
+_NEIGHBOUR_BYTES = 8 + 8 + 1 + 1  # per slot: distance (up to float64), int64 index, valid, hit
 
 
 @dataclass(frozen=True)
@@ -226,9 +231,10 @@ def _full_ranking_args(qg: QueryGallery, rows: Tensor, options: RetrievalOptions
     }
 
 
-def _mrr(qg: QueryGallery, options: RetrievalOptions, is_relevant: Tensor, n_relevant: Tensor) -> Tensor:
-    """Exact reciprocal rank over the full ranking; only queries with no hit in the top K take a second pass."""
-    values = ranking.reciprocal_rank(is_relevant)
+def _mrr(qg: QueryGallery, options: RetrievalOptions, within_k: Tensor, n_relevant: Tensor) -> Tensor:
+    """Exact reciprocal rank over the full ranking from the one within the retrieved K (0: no hit there);
+    only queries with no hit in the top K take a second, streaming pass."""
+    values = within_k.clone()
     beyond = torch.nonzero((values == 0) & (n_relevant > 0)).flatten()
     if beyond.numel():
         first = relevant_ranks(
@@ -259,10 +265,14 @@ def retrieval_per_query(
     search_groups: PairedIds | None = None,
     categories: Tensor | None = None,
     options: RetrievalOptions | None = None,
+    keep_neighbours: bool = True,
 ) -> RetrievalResult:
     """Per-query ranking values, retrieved ids and distances (one kNN pass for every cutoff).
 
     Arguments as in :func:`retrieval_metrics`, with the options given as a :class:`RetrievalOptions`.
+    With ``keep_neighbours=False`` a ``(Q, K)`` neighbour table larger than ``NEIGHBOUR_TABLE_BYTES`` is
+    never held whole: queries are searched in chunks and only their per-query values are kept (the
+    result's ``indices``, ``distances``, ``valid`` and ``is_relevant`` then have zero columns).
     """
     options = options or RetrievalOptions()
     if options.normalize:
@@ -292,26 +302,39 @@ def retrieval_per_query(
     if options.map_at_r or options.r_precision:
         k = max(k, int(n_relevant.max()))
     leave_one_out = gallery is None and is_query is None and is_gallery is None
-    found = knn(
-        qg.query,
-        None if leave_one_out else qg.gallery,  # the set against itself: each distance is computed once
-        k,
-        distance=options.distance,
-        exclude_self=True if leave_one_out else qg.self_index,
-        sequence_ids=sequence_ids if leave_one_out else qg.sequence_ids,
-        search_groups=search_groups if leave_one_out else qg.search_groups,
-        backend=options.knn_backend,
-        chunk_size=options.chunk_size,
-    )
-    is_relevant = relevance_matrix(
-        qg.query_labels, qg.gallery_labels, found.indices, found.valid, options.label_comparison_fn
-    )
-    values = _ranking_values(options, is_relevant, n_relevant, _gallery_sizes(qg))
-    if options.mrr:
-        values["mrr"] = _mrr(qg, options, is_relevant, n_relevant)
+    n_query, n_candidates = qg.query.shape[0], _gallery_sizes(qg)
+    if keep_neighbours or n_query * k * _NEIGHBOUR_BYTES <= NEIGHBOUR_TABLE_BYTES:
+        found = _search(qg, options, k, None, symmetric=leave_one_out)
+        is_relevant = relevance_matrix(
+            qg.query_labels, qg.gallery_labels, found.indices, found.valid, options.label_comparison_fn
+        )
+        values = _ranking_values(options, is_relevant, n_relevant, n_candidates)
+        within_k = ranking.reciprocal_rank(is_relevant) if options.mrr else None
+    else:  # query chunks: only per-query values are kept, never the whole (Q, K) neighbour table
+        rows_per_chunk = max(1, NEIGHBOUR_TABLE_BYTES // (k * _NEIGHBOUR_BYTES))
+        parts: list[dict[str, Tensor]] = []
+        for rows in torch.arange(n_query, device=qg.query.device).split(rows_per_chunk):
+            part = _search(qg, options, k, rows, symmetric=False)
+            hits = relevance_matrix(
+                qg.query_labels[rows], qg.gallery_labels, part.indices, part.valid, options.label_comparison_fn
+            )
+            chunk_values = _ranking_values(options, hits, n_relevant[rows], n_candidates[rows])
+            if options.mrr:
+                chunk_values["mrr"] = ranking.reciprocal_rank(hits)
+            parts.append(chunk_values)
+        values = {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
+        within_k = values.pop("mrr", None)
+        found = KNNResult(
+            torch.zeros(n_query, 0, dtype=qg.query.dtype, device=qg.query.device),
+            torch.zeros(n_query, 0, dtype=torch.long, device=qg.query.device),
+            torch.zeros(n_query, 0, dtype=torch.bool, device=qg.query.device),
+        )
+        is_relevant = found.valid
+    if within_k is not None:
+        values["mrr"] = _mrr(qg, options, within_k, n_relevant)
     if options.map_full:
         values["map"] = _average_precision(qg, options, n_relevant)
-    counted = apply_empty_target_action(torch.zeros(n_relevant.shape[0]), n_relevant, options.empty_target_action)[1]
+    counted = apply_empty_target_action(torch.zeros(n_query), n_relevant, options.empty_target_action)[1]
     return RetrievalResult(
         values=values,
         counted=counted,
@@ -323,6 +346,34 @@ def retrieval_per_query(
         query_positions=qg.query_positions,
         query_labels=qg.query_labels,
         query_categories=qg.query_categories,
+    )
+
+
+def _search(qg: QueryGallery, options: RetrievalOptions, k: int, rows: Tensor | None, *, symmetric: bool) -> KNNResult:
+    """kNN of the queries ``rows`` (None: all); ``symmetric``: the set against itself, each distance once."""
+    if symmetric:
+        return knn(
+            qg.query,
+            None,
+            k,
+            distance=options.distance,
+            exclude_self=True,
+            sequence_ids=None if qg.sequence_ids is None else qg.sequence_ids[0],
+            search_groups=None if qg.search_groups is None else qg.search_groups[0],
+            backend=options.knn_backend,
+            chunk_size=options.chunk_size,
+        )
+    pick = slice(None) if rows is None else rows
+    return knn(
+        qg.query[pick],
+        qg.gallery,
+        k,
+        distance=options.distance,
+        exclude_self=qg.self_index[pick],
+        sequence_ids=None if qg.sequence_ids is None else (qg.sequence_ids[0][pick], qg.sequence_ids[1]),
+        search_groups=None if qg.search_groups is None else (qg.search_groups[0][pick], qg.search_groups[1]),
+        backend=options.knn_backend,
+        chunk_size=options.chunk_size,
     )
 
 
@@ -475,7 +526,14 @@ def retrieval_metrics(
     }
     if opts.needs_ranking:
         result = retrieval_per_query(
-            query, query_labels, gallery, gallery_labels, categories=categories, options=opts, **common
+            query,
+            query_labels,
+            gallery,
+            gallery_labels,
+            categories=categories,
+            options=opts,
+            keep_neighbours=return_per_query,
+            **common,
         )
         metrics.update(reduce_per_query(result, opts))
     if opts.fmr_vals or opts.pcf_variance or opts.clustering:
