@@ -18,7 +18,6 @@ dropped), ``-<q, g>`` for dot and cosine (on unit rows). A key is +inf for an ex
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -36,8 +35,6 @@ KeyFn = Callable[[slice, Tensor], Tensor]
 SEGMENT = 32
 #: Sample size of the pre-pass that gives every query an initial threshold.
 SAMPLE = 2048
-#: With an estimated first threshold, the expected number of candidates per query, in units of ``kp``.
-ESTIMATE_FACTOR = 3.0
 
 
 def _below_by_row(keys: Tensor, tau: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -172,31 +169,28 @@ def _add(buffer: _Buffer, rows: slice, keys: Tensor, col0: int) -> None:
 
 
 def _initial_thresholds(
-    n_query: int, n_gallery: int, key_fn: KeyFn, kp: int, mask_fn: MaskFn, rows_per_chunk: int, *, estimate: bool
+    n_query: int, n_gallery: int, key_fn: KeyFn, kp: int, mask_fn: MaskFn, rows_per_chunk: int
 ) -> Tensor:
-    """A first threshold for every query from a strided sample of the gallery.
+    """An upper bound of each query's ``kp``-th smallest key, from a strided sample of the gallery.
 
-    ``estimate=False``: the ``kp``-th key of the sample, an upper bound of the ``kp``-th key over the whole
-    gallery (a subset never has a smaller ``kp``-th key). ``estimate=True``: the sample's key at the rank that
-    predicts about ``ESTIMATE_FACTOR * kp`` items below it in the whole gallery - far fewer candidates, but
-    a query may then end with fewer than ``kp``; :func:`~torchmetrics_retrieval.functional.knn.knn` does
-    not certify such a query and searches it again with more candidates. Either way the threshold is
-    inflated slightly so that rounding differences between block shapes cannot drop an item at the bound.
-    +inf where the sample holds too few eligible items.
-    """
+    The ``kp``-th key over a subset is never below the ``kp``-th key over the whole gallery, so it is a
+    valid first threshold; it is inflated slightly so that rounding differences between block shapes
+    cannot drop an item at the bound. +inf where the sample holds fewer than ``kp`` eligible items.
+    (A lower, estimated threshold was tried: on clustered data too many queries then fell short of
+    ``kp`` candidates and had to be searched again.)
+    """"""
     n_sample = min(n_gallery, max(SAMPLE, 4 * kp))
     tau = torch.full((n_query,), float("inf"))
     if n_sample <= kp or n_sample == n_gallery:
         return tau
     sample = torch.arange(n_sample) * n_gallery // n_sample
-    rank = min(kp, math.ceil(ESTIMATE_FACTOR * kp * n_sample / n_gallery)) if estimate else kp
     for q0 in range(0, n_query, rows_per_chunk):
         rows = slice(q0, min(q0 + rows_per_chunk, n_query))
         keys = key_fn(rows, sample)
         sample = sample.to(keys.device)
         tau = tau.to(keys.device)
         mask_fn(keys, rows, sample)
-        tau[rows] = torch.topk(keys, rank, dim=1, largest=False, sorted=False).values.amax(dim=1)
+        tau[rows] = torch.topk(keys, kp, dim=1, largest=False, sorted=False).values.amax(dim=1)
     return tau + tau.abs() * 1e-5 + 1e-6
 
 
@@ -231,7 +225,7 @@ def stream_topk(
         return torch.addmm(bias[None, cols], query[rows], gallery[cols].T, alpha=alpha)
 
     n_query, n_gallery = query.shape[0], gallery.shape[0]
-    tau = _initial_thresholds(n_query, n_gallery, key_fn, kp, mask_fn, rows_per_chunk, estimate=False)
+    tau = _initial_thresholds(n_query, n_gallery, key_fn, kp, mask_fn, rows_per_chunk)
     buffer = _Buffer(kp, tau)
     for q0 in range(0, n_query, rows_per_chunk):
         rows = slice(q0, min(q0 + rows_per_chunk, n_query))
@@ -261,7 +255,7 @@ def stream_topk_symmetric(
     """
     n = left.shape[0]
     tau = _initial_thresholds(
-        n, n, lambda rows, cols: left[rows] @ right[cols].T, kp, mask_fn, rows_per_chunk, estimate=True
+        n, n, lambda rows, cols: left[rows] @ right[cols].T, kp, mask_fn, rows_per_chunk
     )
     buffer = _Buffer(kp, tau)
     for i0 in range(0, n, rows_per_chunk):
