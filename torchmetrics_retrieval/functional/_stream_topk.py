@@ -178,7 +178,7 @@ def _initial_thresholds(
     cannot drop an item at the bound. +inf where the sample holds fewer than ``kp`` eligible items.
     (A lower, estimated threshold was tried: on clustered data too many queries then fell short of
     ``kp`` candidates and had to be searched again.)
-    """"""
+    """
     n_sample = min(n_gallery, max(SAMPLE, 4 * kp))
     tau = torch.full((n_query,), float("inf"))
     if n_sample <= kp or n_sample == n_gallery:
@@ -254,9 +254,7 @@ def stream_topk_symmetric(
     of the diagonal blocks (the query itself).
     """
     n = left.shape[0]
-    tau = _initial_thresholds(
-        n, n, lambda rows, cols: left[rows] @ right[cols].T, kp, mask_fn, rows_per_chunk
-    )
+    tau = _initial_thresholds(n, n, lambda rows, cols: left[rows] @ right[cols].T, kp, mask_fn, rows_per_chunk)
     buffer = _Buffer(kp, tau)
     for i0 in range(0, n, rows_per_chunk):
         rows = slice(i0, min(i0 + rows_per_chunk, n))
