@@ -85,14 +85,18 @@ def _count_more_similar(a: Tensor, b: Tensor, chunk: int) -> tuple[Tensor, Tenso
         for c in range(0, n, chunk):
             cols = slice(c, min(c + chunk, n))
             sim = a[rows] @ b[cols].T
-            gap_1 = sim - fast_partner[rows, None]
-            gap_2 = sim.sub_(fast_partner[None, cols])
-            above_1[rows] += (gap_1 > tol).sum(dim=1)
-            above_2[cols] += (gap_2 > tol).sum(dim=0)
-            near_1, near_2 = gap_1.abs_() <= tol, gap_2.abs_() <= tol
+            low_1, high_1 = (fast_partner[rows] - tol)[:, None], (fast_partner[rows] + tol)[:, None]
+            low_2, high_2 = (fast_partner[cols] - tol)[None, :], (fast_partner[cols] + tol)[None, :]
+            sure_1, sure_2 = (sim > high_1).sum(dim=1), (sim > high_2).sum(dim=0)
+            above_1[rows] += sure_1
+            above_2[cols] += sure_2
+            if not (
+                bool(((sim >= low_1).sum(dim=1) > sure_1).any()) or bool(((sim >= low_2).sum(dim=0) > sure_2).any())
+            ):
+                continue  # no candidate within the rounding bound of its partner: the fast counts are exact
+            near_1 = (sim >= low_1) & (sim <= high_1)
+            near_2 = (sim >= low_2) & (sim <= high_2)
             i, j = torch.nonzero(near_1 | near_2, as_tuple=True)
-            if i.numel() == 0:
-                continue
             near_1, near_2 = near_1[i, j], near_2[i, j]
             i, j = i + r, j + c
             exact = _pair_dots(a64, b64, i, j)
