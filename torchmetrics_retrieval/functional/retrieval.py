@@ -46,7 +46,7 @@ __all__ = ["RetrievalOptions", "RetrievalResult", "retrieval_metrics", "retrieva
 
 #: Largest (Q, K) neighbour table (distances, indices, validity, hits) held at once when the caller does not
 #: ask for the neighbours themselves.
-NEIGHBOUR_TABLE_BYTES = 256 * 2**20
+NEIGHBOUR_TABLE_BYTES = 64 * 2**20
 _NEIGHBOUR_BYTES = 8 + 8 + 1 + 1  # per slot: distance (up to float64), int64 index, valid, hit
 
 
