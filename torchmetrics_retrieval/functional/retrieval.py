@@ -377,6 +377,20 @@ def _search(qg: QueryGallery, options: RetrievalOptions, k: int, rows: Tensor | 
     )
 
 
+def _grouped_keys(keys: list[str], table: Tensor, counted: Tensor, groups: Tensor, pattern: str) -> dict[str, Tensor]:
+    """Per-group means (one vectorised pass) named by ``pattern``; groups without a counted query are left out.
+
+    The loop only names the results: ``{key}/class/{label}`` or ``{category}/{key}``.
+    """
+    distinct, means, has_counted = grouped_mean(table, counted, groups)
+    return {
+        pattern.format(key=key, group=group): value
+        for group, row, ok in zip(label_names(distinct), means.unbind(), has_counted.tolist(), strict=True)
+        if ok
+        for key, value in zip(keys, row.unbind(), strict=True)
+    }
+
+
 def reduce_per_query(result: RetrievalResult, options: RetrievalOptions) -> dict[str, Tensor]:
     """Scalars from per-query values: the mean (or average of per-label averages), per class, per category."""
     metrics: dict[str, Tensor] = {}
@@ -393,15 +407,9 @@ def reduce_per_query(result: RetrievalResult, options: RetrievalOptions) -> dict
         overall = masked_mean(table, counted, name=", ".join(keys))
     metrics.update(zip(keys, overall.unbind(), strict=True))
     if options.per_class:
-        labels, means, has_counted = grouped_mean(table, counted, result.query_labels)
-        for name, row, ok in zip(label_names(labels), means.unbind(), has_counted.tolist(), strict=True):
-            if ok:
-                metrics.update({f"{key}/class/{name}": value for key, value in zip(keys, row.unbind(), strict=True)})
+        metrics.update(_grouped_keys(keys, table, counted, result.query_labels, "{key}/class/{group}"))
     if result.query_categories is not None:
-        names, means, has_counted = grouped_mean(table, counted, result.query_categories)
-        for name, row, ok in zip(label_names(names), means.unbind(), has_counted.tolist(), strict=True):
-            if ok:
-                metrics.update({f"{name}/{key}": value for key, value in zip(keys, row.unbind(), strict=True)})
+        metrics.update(_grouped_keys(keys, table, counted, result.query_categories, "{group}/{key}"))
     return metrics
 
 
