@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import hypothesis.strategies as st
 import pytest
 import torch
@@ -186,6 +188,38 @@ def test_larger_random_float_data_both_backends() -> None:
     exact.fill_diagonal_(float("inf"))
     assert torch.equal(a.indices[:, 0], exact.argmin(dim=1))
     assert a.indices[10, 0] == 20 and a.distances[10, 0] == 0.0
+
+
+def test_estimated_thresholds_that_fall_short_are_searched_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The torch stage starts from a threshold estimated on a strided sample (every 4th row here). Make
+    # that sample unrepresentative: the sampled rows are unit vectors, the others have norm 2, so for a
+    # unit query the nearest items are all sampled rows and the estimate (a sample rank below kp) is too
+    # low. Those queries must end uncertified after round 1 and exact after round 2.
+    knn_module = sys.modules[knn.__module__]  # the submodule: `functional.knn` is the function after import
+    x = torch.nn.functional.normalize(torch.randn(8192, 8, generator=torch.Generator().manual_seed(0)), dim=1) * 2
+    x[::4] /= 2
+    rounds: list[tuple[int, int]] = []
+    rank = knn_module._rank
+
+    def recording_rank(problem, rows, candidates, k):  # type: ignore[no-untyped-def]
+        ranked = rank(problem, rows, candidates, k)
+        rounds.append((rows.numel(), int((~ranked.certified).sum())))
+        return ranked
+
+    monkeypatch.setattr(knn_module, "_rank", recording_rank)
+    result = knn(x, k=38, backend="torch")
+    assert rounds == [(8192, 2048), (2048, 0)]  # every unit query fell short once, none twice
+    rounds.clear()
+    by_faiss = knn(x, k=38, backend="faiss")
+    assert rounds == [(8192, 0)]
+    for u, v in zip(result, by_faiss, strict=True):
+        assert torch.equal(u, v)
+    for i in range(0, 8192, 97):
+        d = reference_distances(x[i], x, "euclidean").float()
+        d[i] = float("inf")
+        order = torch.argsort(d, stable=True)[:38]
+        assert result.indices[i].tolist() == order.tolist(), f"query {i}"
+        assert result.distances[i].tolist() == pytest.approx(d[order].tolist(), rel=1e-6)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -1,9 +1,17 @@
 """Streaming top-k selection over a blocked key matrix: the torch backend's stage 1 of ``knn``.
 
-Each query keeps a running buffer of its best candidates and a threshold ``tau`` (its ``kp``-th
-smallest key so far). A new block of keys is compared once against ``tau`` and only the few entries
-below it are extracted and appended; the buffer is cut back to ``kp`` by one ``topk`` when it fills
-up. Until a query has ``kp`` candidates (``tau`` is +inf) its block rows go through a dense ``topk``.
+Each query keeps a running buffer of candidates and a threshold ``tau``: every key of the query that
+is not in the buffer is >= ``tau``. A new block of keys is compared once against ``tau`` and only the
+few entries below it are extracted and appended; the buffer is cut back to its best ``kp`` by one
+``topk`` when it fills up, which lowers ``tau`` to the ``kp``-th key. While ``tau`` is +inf (no
+threshold yet) a query's block rows go through a dense ``topk``.
+
+The first ``tau`` comes from a strided sample of the gallery: its ``kp``-th key (a proven upper bound of
+the ``kp``-th key over the whole gallery) or, with ``estimate=True``, a lower sample rank chosen so that
+the true ``kp``-th key is below it with overwhelming probability. An estimate discards far more of every
+block; a query whose estimate was too low ends with fewer than ``kp`` candidates, and the final ``tau``
+it returns (its *floor*) still bounds every key it dropped, so the caller can decide whether the
+candidates it has are enough.
 
 Two drivers share the buffer:
 
@@ -18,6 +26,7 @@ dropped), ``-<q, g>`` for dot and cosine (on unit rows). A key is +inf for an ex
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -35,23 +44,32 @@ KeyFn = Callable[[slice, Tensor], Tensor]
 SEGMENT = 32
 #: Sample size of the pre-pass that gives every query an initial threshold.
 SAMPLE = 2048
+#: An estimated first threshold is the sample rank ``m + SIGMAS * sqrt(m) + SIGMAS``, where ``m`` is the
+#: expected number of sample keys below the true ``kp``-th key: a miss needs a deviation of 4 sigmas.
+SIGMAS = 4.0
 
 
 def _below_by_row(keys: Tensor, tau: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """``(r, c, keys[r, c])`` of the entries with ``keys[r, c] < tau[r]``, sorted by row then column.
 
-    The minima of 64-wide row segments are taken first (one fast reduction); only the segments whose
-    minimum is below the threshold are compared entry by entry.
+    The minima of ``SEGMENT``-wide row segments are taken first (one fast reduction); only the segments
+    whose minimum is below the threshold are copied out (contiguous ``index_select``) and compared entry
+    by entry.
     """
     n_rows, n_cols = keys.shape
-    if n_cols % SEGMENT:
+    if n_cols % SEGMENT or not keys.is_contiguous():
         r, c = torch.nonzero(keys < tau[:, None], as_tuple=True)
         return r, c, keys[r, c]
-    segments = keys.view(n_rows, n_cols // SEGMENT, SEGMENT)
-    seg_rows, seg_ids = torch.nonzero(segments.amin(dim=2) < tau[:, None], as_tuple=True)
-    values = segments[seg_rows, seg_ids]  # (P, SEGMENT)
-    hit, offset = torch.nonzero(values < tau[seg_rows, None], as_tuple=True)
-    return seg_rows[hit], seg_ids[hit] * SEGMENT + offset, values[hit, offset]
+    per_row = n_cols // SEGMENT
+    segments = keys.view(n_rows * per_row, SEGMENT)
+    passing = torch.nonzero((segments.amin(dim=1).view(n_rows, per_row) < tau[:, None]).view(-1)).squeeze(1)
+    values = segments.index_select(0, passing)  # (P, SEGMENT)
+    segment_rows = torch.div(passing, per_row, rounding_mode="floor")
+    hits = torch.nonzero((values < tau.index_select(0, segment_rows)[:, None]).view(-1)).squeeze(1)
+    segment = torch.div(hits, SEGMENT, rounding_mode="floor")
+    rows = segment_rows.index_select(0, segment)
+    cols = (passing.index_select(0, segment) - rows * per_row) * SEGMENT + hits - segment * SEGMENT
+    return rows, cols, values.view(-1).index_select(0, hits)
 
 
 def buffer_width(kp: int) -> int:
@@ -153,12 +171,13 @@ class _Buffer:
         self.fill[rows] = self.kp
         self.tau[rows] = top.values.max(dim=1).values
 
-    def result(self) -> tuple[Tensor, Tensor]:
-        """``(keys, gallery positions)`` of the best ``kp`` candidates of every row (+inf where none)."""
+    def result(self) -> tuple[Tensor, Tensor, Tensor]:
+        """``(keys, gallery positions)`` of the best ``kp`` candidates of every row (+inf where none) and
+        each row's floor: every key of the row that is not a candidate is >= it."""
         over = torch.nonzero(self.fill > self.kp).flatten()
         if over.numel():
             self._compact(over)
-        return self.keys[:, : self.kp].clone(), self.indices[:, : self.kp].long()
+        return self.keys[:, : self.kp].clone(), self.indices[:, : self.kp].long(), self.tau.clone()
 
 
 def _add(buffer: _Buffer, rows: slice, keys: Tensor, col0: int) -> None:
@@ -169,20 +188,25 @@ def _add(buffer: _Buffer, rows: slice, keys: Tensor, col0: int) -> None:
 
 
 def _initial_thresholds(
-    n_query: int, n_gallery: int, key_fn: KeyFn, kp: int, mask_fn: MaskFn, rows_per_chunk: int
+    n_query: int, n_gallery: int, key_fn: KeyFn, kp: int, mask_fn: MaskFn, rows_per_chunk: int, estimate: bool
 ) -> Tensor:
-    """An upper bound of each query's ``kp``-th smallest key, from a strided sample of the gallery.
+    """A first threshold for each query from a strided sample of the gallery (+inf: none).
 
     The ``kp``-th key over a subset is never below the ``kp``-th key over the whole gallery, so it is a
-    valid first threshold; it is inflated slightly so that rounding differences between block shapes
-    cannot drop an item at the bound. +inf where the sample holds fewer than ``kp`` eligible items.
-    (A lower, estimated threshold was tried: on clustered data too many queries then fell short of
-    ``kp`` candidates and had to be searched again.)
+    valid first threshold. With ``estimate`` the sample rank is lowered to ``m + SIGMAS * (sqrt(m) + 1)``,
+    ``m = kp * sample / gallery`` (the expected count of sample keys below the true ``kp``-th key), which
+    discards far more of every block; a query where it is too low ends with fewer than ``kp`` candidates
+    and a floor that says so. Thresholds are inflated slightly so that rounding differences between block
+    shapes cannot drop an item at the bound.
     """
     n_sample = min(n_gallery, max(SAMPLE, 4 * kp))
     tau = torch.full((n_query,), float("inf"))
     if n_sample <= kp or n_sample == n_gallery:
         return tau
+    rank = kp
+    if estimate:
+        expected = kp * n_sample / n_gallery
+        rank = min(kp, math.ceil(expected + SIGMAS * (math.sqrt(expected) + 1.0)))
     sample = torch.arange(n_sample) * n_gallery // n_sample
     for q0 in range(0, n_query, rows_per_chunk):
         rows = slice(q0, min(q0 + rows_per_chunk, n_query))
@@ -190,7 +214,7 @@ def _initial_thresholds(
         sample = sample.to(keys.device)
         tau = tau.to(keys.device)
         mask_fn(keys, rows, sample)
-        tau[rows] = torch.topk(keys, kp, dim=1, largest=False, sorted=False).values.amax(dim=1)
+        tau[rows] = torch.topk(keys, rank, dim=1, largest=False, sorted=False).values.amax(dim=1)
     return tau + tau.abs() * 1e-5 + 1e-6
 
 
@@ -204,7 +228,8 @@ def stream_topk(
     *,
     rows_per_chunk: int,
     cols_per_block: int,
-) -> tuple[Tensor, Tensor]:
+    estimate: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
     """The ``kp`` smallest keys ``bias[g] + alpha * <q, g>`` of every query against a gallery.
 
     Args:
@@ -216,16 +241,18 @@ def stream_topk(
         mask_fn: sets excluded pairs of a block to +inf; called with the block's query rows and gallery
             columns (slices, or an index tensor of gallery columns for the sample pre-pass).
         rows_per_chunk, cols_per_block: block sides.
+        estimate: start from estimated thresholds (see :func:`_initial_thresholds`).
 
     Returns:
-        ``(keys (Q, kp), positions (Q, kp))``; +inf keys where a query has fewer eligible items.
+        ``(keys (Q, kp), positions (Q, kp), floors (Q,))``: +inf keys where a query has fewer candidates;
+        every key of a query that is not among its candidates is >= its floor.
     """
 
     def key_fn(rows: slice, cols: slice | Tensor) -> Tensor:
         return torch.addmm(bias[None, cols], query[rows], gallery[cols].T, alpha=alpha)
 
     n_query, n_gallery = query.shape[0], gallery.shape[0]
-    tau = _initial_thresholds(n_query, n_gallery, key_fn, kp, mask_fn, rows_per_chunk)
+    tau = _initial_thresholds(n_query, n_gallery, key_fn, kp, mask_fn, rows_per_chunk, estimate)
     buffer = _Buffer(kp, tau)
     for q0 in range(0, n_query, rows_per_chunk):
         rows = slice(q0, min(q0 + rows_per_chunk, n_query))
@@ -245,7 +272,8 @@ def stream_topk_symmetric(
     *,
     rows_per_chunk: int,
     cols_per_block: int,
-) -> tuple[Tensor, Tensor]:
+    estimate: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
     """As :func:`stream_topk` for a set searched against itself, each distance block computed once.
 
     The key of the pair (i, j) is ``<left_i, right_j>`` and must be symmetric in value, e.g. half the
@@ -254,7 +282,9 @@ def stream_topk_symmetric(
     of the diagonal blocks (the query itself).
     """
     n = left.shape[0]
-    tau = _initial_thresholds(n, n, lambda rows, cols: left[rows] @ right[cols].T, kp, mask_fn, rows_per_chunk)
+    tau = _initial_thresholds(
+        n, n, lambda rows, cols: left[rows] @ right[cols].T, kp, mask_fn, rows_per_chunk, estimate
+    )
     buffer = _Buffer(kp, tau)
     for i0 in range(0, n, rows_per_chunk):
         rows = slice(i0, min(i0 + rows_per_chunk, n))

@@ -293,8 +293,10 @@ def distance_blocks(
 
 #: Stage-1 candidates per query: ``K + min(MAX_MARGIN, max(MIN_MARGIN, K // MARGIN_DIVISOR))``; a row whose
 #: margin is too thin for the certificate is searched again with more.
-MIN_MARGIN = 8
-MARGIN_DIVISOR = 4
+#: A thin margin keeps the stage-1 selection cheap; the few rows it leaves uncertified (about 0.1%
+#: on clustered data, benchmarks/README.md) cost one more search of those rows alone.
+MIN_MARGIN = 2
+MARGIN_DIVISOR = 32
 MAX_MARGIN = 64
 #: Safety factor on the worst-case float32 rounding bound of the stage-1 keys.
 TOLERANCE_FACTOR = 2.0
@@ -439,14 +441,17 @@ def _make_problem(query: Tensor, gallery: Tensor, distance: str, exclusions: _Ex
 #
 # The key of a pair ranks like the distance: ``|g|^2 - 2<q,g>`` (L2; |q|^2 is constant per query), ``-<q,g>``
 # (dot) and ``-<q/|q|, g/|g|>`` (cosine). A stage returns, per query, ``kp`` candidates (keys, gallery
-# positions, ok = a real eligible item) such that every eligible item that is not a candidate has a key
-# >= the largest candidate key.
+# positions, ok = a real eligible item) and a floor per query: every eligible item that is not a
+# candidate has a key >= the floor. The floor is the largest candidate key when the stage found ``kp``
+# candidates by exact selection, +inf when it found every eligible item, and the estimated threshold
+# of the torch stage when that estimate turned out too low (fewer than ``kp`` candidates).
 
 
 class _Candidates(NamedTuple):
     keys: Tensor  # (R, kp) float, +inf where not ok
     indices: Tensor  # (R, kp) int64
     ok: Tensor  # (R, kp) bool
+    floor: Tensor  # (R,) float: no non-candidate has a smaller key
 
 
 def _mask_excluded_(keys: Tensor, rows: slice, cols: slice | Tensor, exclusions: _Exclusions) -> None:
@@ -488,17 +493,18 @@ class _TorchStage:
         self.symmetric = problem.symmetric
         self._all_rows: _Candidates | None = None
 
-    def __call__(self, rows: Tensor, kp: int) -> _Candidates:
+    def __call__(self, rows: Tensor, kp: int, first_round: bool) -> _Candidates:
+        """Candidates of ``rows``; the first round starts from estimated thresholds (cheaper, may fall short)."""
         n_query = self.problem.query.shape[0]
-        if self.symmetric and n_query * buffer_width(kp) * 8 <= SYMMETRIC_BUFFER_BYTES:
-            if self._all_rows is None or self._all_rows.keys.shape[1] != kp:
+        if first_round and self.symmetric and n_query * buffer_width(kp) * 8 <= SYMMETRIC_BUFFER_BYTES:
+            if self._all_rows is None:
                 self._all_rows = self._search_symmetric(kp)
             return _Candidates(*(part[rows] for part in self._all_rows))
-        return self._search(rows, kp)
+        return self._search(rows, kp, estimate=first_round)
 
-    def _candidates(self, found: tuple[Tensor, Tensor]) -> _Candidates:
-        keys, positions = found
-        return _Candidates(keys, positions, torch.isfinite(keys))
+    def _candidates(self, found: tuple[Tensor, Tensor, Tensor]) -> _Candidates:
+        keys, positions, floor = found
+        return _Candidates(keys, positions, torch.isfinite(keys), floor)
 
     def _search_symmetric(self, kp: int) -> _Candidates:
         exclusions = self.problem.exclusions
@@ -512,14 +518,15 @@ class _TorchStage:
             left, right = torch.cat([x, half_sq, ones], dim=1), torch.cat([-x, ones, half_sq], dim=1)
         else:
             left, right = x, -x
-        keys, positions = stream_topk_symmetric(
-            left, right, kp, mask, rows_per_chunk=self.rows, cols_per_block=self.cols
+        keys, positions, floor = stream_topk_symmetric(
+            left, right, kp, mask, rows_per_chunk=self.rows, cols_per_block=self.cols, estimate=True
         )
         if self.alpha == -2.0:  # back to the key of the other stages, |g|^2 - 2<q, g> = 2 * key - |q|^2
             keys = 2.0 * keys - self.bias[:, None]
-        return self._candidates((keys, positions))
+            floor = 2.0 * floor - self.bias
+        return self._candidates((keys, positions, floor))
 
-    def _search(self, rows: Tensor, kp: int) -> _Candidates:
+    def _search(self, rows: Tensor, kp: int, estimate: bool) -> _Candidates:
         query, _ = _prepare(self.problem.query[rows], self.problem.distance, torch.float32)
         exclusions = _take_rows(self.problem.exclusions, rows)
 
@@ -527,7 +534,15 @@ class _TorchStage:
             _mask_excluded_(keys, block_rows, cols, exclusions)
 
         found = stream_topk(
-            query, self.gallery, self.bias, self.alpha, kp, mask, rows_per_chunk=self.rows, cols_per_block=self.cols
+            query,
+            self.gallery,
+            self.bias,
+            self.alpha,
+            kp,
+            mask,
+            rows_per_chunk=self.rows,
+            cols_per_block=self.cols,
+            estimate=estimate,
         )
         return self._candidates(found)
 
@@ -557,7 +572,8 @@ class _FaissStage:
         self.index = faiss.index_cpu_to_all_gpus(index) if use_gpu else index
         self.n_excluded = problem.gallery.shape[0] - problem.n_eligible
 
-    def __call__(self, rows: Tensor, kp: int) -> _Candidates:
+    def __call__(self, rows: Tensor, kp: int, first_round: bool) -> _Candidates:
+        del first_round  # every round is an exact selection: the largest key is the floor of a full row
         problem = self.problem
         n_gallery = problem.gallery.shape[0]
         n_fetch = min(n_gallery, kp + int(self.n_excluded[rows].max()))
@@ -572,7 +588,10 @@ class _FaissStage:
         labels = labels.clamp(min=0)
         keys = keys.masked_fill(~found | ~_pair_eligible(_take_rows(problem.exclusions, rows), labels), float("inf"))
         top = torch.topk(keys, min(kp, n_fetch), dim=1, largest=False)
-        return _Candidates(top.values, labels.gather(1, top.indices), torch.isfinite(top.values))
+        ok = torch.isfinite(top.values)
+        # A row with fewer than kp candidates has them all (faiss fetched past every excluded item).
+        floor = torch.where(ok.all(dim=1), top.values[:, -1], float("inf"))
+        return _Candidates(top.values, labels.gather(1, top.indices), ok, floor)
 
 
 def _pair_eligible(exclusions: _Exclusions, indices: Tensor) -> Tensor:
@@ -676,7 +695,7 @@ def _order_by_distance_then_position(distances: Tensor, positions: Tensor) -> Te
 
 def _rank(problem: _Problem, rows: Tensor, candidates: _Candidates, k: int) -> _Ranked:
     """Canonical distances of the candidates, stable order by (distance, gallery position), certificate."""
-    keys, indices, ok = candidates
+    _, indices, ok, floor = candidates
     pair_rows, slots = torch.nonzero(ok, as_tuple=True)
     exact = torch.full(ok.shape, float("inf"), dtype=problem.query.dtype, device=ok.device)
     exact[pair_rows, slots] = _canonical_distances(problem, rows, pair_rows, indices[pair_rows, slots]).to(exact.dtype)
@@ -684,14 +703,12 @@ def _rank(problem: _Problem, rows: Tensor, candidates: _Candidates, k: int) -> _
     valid = ok.gather(1, order)
     distances = exact.gather(1, order).masked_fill_(~valid, float("inf"))
     chosen = indices.gather(1, order).masked_fill_(~valid, 0)
-    # Certificate: every eligible non-candidate has a key >= the largest candidate key, so an exact
-    # distance >= ``bound``; the answer is exact when the K-th distance is below it (or nothing is left).
+    # Certificate: every eligible non-candidate has a key >= the floor, so an exact distance >= ``bound``;
+    # the answer is exact when the K-th distance is below it (or nothing is left).
     n_found = ok.sum(dim=1)
     covered = n_found >= problem.n_eligible[rows]
-    full = n_found == ok.shape[1]
-    largest_key = torch.where(ok, keys.to(torch.float64), float("-inf")).max(dim=1).values
-    bound = _distance_lower_bound(problem, rows, largest_key - _key_tolerance(problem, rows))
-    separated = full & (distances[:, -1] < bound.to(distances.dtype))
+    bound = _distance_lower_bound(problem, rows, floor.to(torch.float64) - _key_tolerance(problem, rows))
+    separated = (n_found >= k) & (distances[:, -1] < bound.to(distances.dtype))
     return _Ranked(distances, chosen, valid, covered | separated)
 
 
@@ -888,12 +905,13 @@ def _search_rounds(
     indices = torch.empty((n_query, k), dtype=torch.long, device=device)
     valid = torch.empty((n_query, k), dtype=torch.bool, device=device)
     pending = torch.arange(n_query, device=device)
+    first_round = True
     while pending.numel():
         group_rows = max(1, min(ROUND_PAIRS // kp, chunk_size or n_query))
         failed = []
         for start in range(0, pending.numel(), group_rows):
             rows = pending[start : start + group_rows]
-            ranked = _rank(problem, rows, stage(rows, kp), k)
+            ranked = _rank(problem, rows, stage(rows, kp, first_round), k)
             done = rows[ranked.certified]
             distances[done] = ranked.distances[ranked.certified]
             indices[done] = ranked.indices[ranked.certified]
@@ -901,4 +919,5 @@ def _search_rounds(
             failed.append(rows[~ranked.certified])
         pending = torch.cat(failed)
         kp = min(n_gallery, 2 * kp)
+        first_round = False
     return KNNResult(distances, indices, valid)
