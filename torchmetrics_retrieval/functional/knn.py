@@ -126,7 +126,7 @@ def _check_exclusions(
 
 def _check_query_gallery(query: object, gallery: object) -> tuple[Tensor, Tensor]:
     query = check_embeddings("query", query)
-    gallery = check_embeddings("gallery", gallery)
+    gallery = query if gallery is query else check_embeddings("gallery", gallery)
     if gallery.shape[1] != query.shape[1]:
         raise ValueError(f"`gallery` must have {query.shape[1]} columns like `query`, got {describe(gallery)}.")
     if gallery.device != query.device:
@@ -719,7 +719,7 @@ def _rank(problem: _Problem, rows: Tensor, candidates: _Candidates, k: int) -> _
 #: Largest squared norm accepted (float32 keys must not overflow).
 MAX_SQUARED_NORM = 1e36
 #: Candidate pairs held at once by one round (bounds the memory of stages 1 and 2).
-ROUND_PAIRS = 2**22
+ROUND_PAIRS = 2**21
 
 
 def _as_pair(name: str, value: Tensor | tuple[Tensor, Tensor] | None, has_gallery: bool) -> object:
@@ -761,11 +761,12 @@ def _check_magnitude(name: str, x: Tensor) -> None:
 
 def _resolve_backend(backend: str, problem: _Problem, kp: int) -> str:
     if backend == "auto":
-        # Measured on 2 CPU cores, one thread each (benchmarks/README.md, D = 128, relative to bare faiss
-        # IndexFlatL2): the symmetric torch stage (a set against itself, each distance block computed once)
-        # took 0.65x at N = 100k, K = 20 but 1.5x at N = 30k, K = 20 and 2.5x at K = 100, where its candidate
-        # volume grows; the faiss stage took 1.1-1.4x at every size. So: torch for large leave-one-out
-        # searches with few candidates, for search groups and off the CPU; faiss otherwise.
+        # Measured on 2 CPU cores, one thread each (whole knn calls relative to a bare faiss IndexFlatL2
+        # search, D = 128, clustered data): the symmetric torch stage (a set against itself, each distance
+        # block computed once) took 1.01x at N = 60k, K = 19 against 1.13x for the faiss stage, but 1.2x
+        # against 1.1x at N = 30k and 1.9x against 1.5x at N = 30k, K = 299, where the candidates that
+        # pass the thresholds grow. So: torch for large leave-one-out searches with few candidates, for
+        # search groups and off the CPU; faiss otherwise.
         cpu = problem.query.device.type == "cpu"
         large_symmetric = problem.symmetric and problem.query.shape[0] >= AUTO_TORCH_MIN_N and kp <= AUTO_TORCH_MAX_KP
         if large_symmetric or not cpu or problem.exclusions.search_groups is not None:
@@ -823,11 +824,12 @@ def knn(
     :math:`-\langle q,g\rangle`.
 
     How: stage 1 finds ``K + margin`` candidates per query with float32 keys (torch: blocked ``addmm`` with
-    a running per-row threshold; faiss: a flat index); stage 2 recomputes their distances canonically in
-    float64 and sorts them; a certificate (the K-th distance is below what any non-candidate can reach,
-    given a rigorous float32 rounding bound) proves the answer exact, and the rows without a certificate
-    (near-ties at the boundary) are searched again with twice as many candidates. Memory is bounded: the
-    embeddings, float64 copies of them, the result and a few blocks.
+    a running per-row threshold, first estimated from a sample; faiss: a flat index); stage 2 recomputes
+    their distances canonically in float64 and sorts them; a certificate (the K-th distance is below what
+    any non-candidate can reach, given a rigorous float32 rounding bound) proves the answer exact, and the
+    rows without a certificate (near-ties at the boundary, or an estimate that fell short) are searched
+    again with twice as many candidates. Memory is bounded: the embeddings, float64 copies of them, the
+    result and a few blocks.
 
     Args:
         query: ``(Q, D)`` floating, finite.
