@@ -439,7 +439,7 @@ def _make_problem(query: Tensor, gallery: Tensor, distance: str, exclusions: _Ex
 # ----------------------------------------------------------------------------------------------------------------------
 #
 # The key of a pair ranks like the distance: ``|g|^2 - 2<q,g>`` (L2; |q|^2 is constant per query), ``-<q,g>``
-# (dot) and ``-<q/|q|, g/|g|>`` (cosine). A stage returns, per query, ``kp`` candidates (keys, gallery
+# (dot) and ``-<q/|q|, g/|g|>`` (cosine). A stage returns, per query, ``kp`` candidates (gallery
 # positions, ok = a real eligible item) and a floor per query: every eligible item that is not a
 # candidate has a key >= the floor. The floor is the largest candidate key when the stage found ``kp``
 # candidates by exact selection, +inf when it found every eligible item, and the estimated threshold
@@ -447,7 +447,6 @@ def _make_problem(query: Tensor, gallery: Tensor, distance: str, exclusions: _Ex
 
 
 class _Candidates(NamedTuple):
-    keys: Tensor  # (R, kp) float, +inf where not ok
     indices: Tensor  # (R, kp) int64
     ok: Tensor  # (R, kp) bool
     floor: Tensor  # (R,) float: no non-candidate has a smaller key
@@ -503,7 +502,7 @@ class _TorchStage:
 
     def _candidates(self, found: tuple[Tensor, Tensor, Tensor]) -> _Candidates:
         keys, positions, floor = found
-        return _Candidates(keys, positions, torch.isfinite(keys), floor)
+        return _Candidates(positions, torch.isfinite(keys), floor)
 
     def _search_symmetric(self, kp: int) -> _Candidates:
         exclusions = self.problem.exclusions
@@ -521,7 +520,6 @@ class _TorchStage:
             left, right, kp, mask, rows_per_chunk=self.rows, cols_per_block=self.cols, estimate=True
         )
         if self.alpha == -2.0:  # back to the key of the other stages, |g|^2 - 2<q, g> = 2 * key - |q|^2
-            keys = 2.0 * keys - self.bias[:, None]
             floor = 2.0 * floor - self.bias
         return self._candidates((keys, positions, floor))
 
@@ -590,7 +588,7 @@ class _FaissStage:
         ok = torch.isfinite(top.values)
         # A row with fewer than kp candidates has them all (faiss fetched past every excluded item).
         floor = torch.where(ok.all(dim=1), top.values[:, -1], float("inf"))
-        return _Candidates(top.values, labels.gather(1, top.indices), ok, floor)
+        return _Candidates(labels.gather(1, top.indices), ok, floor)
 
 
 def _pair_eligible(exclusions: _Exclusions, indices: Tensor) -> Tensor:
@@ -694,7 +692,7 @@ def _order_by_distance_then_position(distances: Tensor, positions: Tensor) -> Te
 
 def _rank(problem: _Problem, rows: Tensor, candidates: _Candidates, k: int) -> _Ranked:
     """Canonical distances of the candidates, stable order by (distance, gallery position), certificate."""
-    _, indices, ok, floor = candidates
+    indices, ok, floor = candidates
     pair_rows, slots = torch.nonzero(ok, as_tuple=True)
     exact = torch.full(ok.shape, float("inf"), dtype=problem.query.dtype, device=ok.device)
     exact[pair_rows, slots] = _canonical_distances(problem, rows, pair_rows, indices[pair_rows, slots]).to(exact.dtype)
