@@ -190,14 +190,9 @@ def test_larger_random_float_data_both_backends() -> None:
     assert a.indices[10, 0] == 20 and a.distances[10, 0] == 0.0
 
 
-def test_estimated_thresholds_that_fall_short_are_searched_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The torch stage starts from a threshold estimated on a strided sample (every 4th row here). Make
-    # that sample unrepresentative: the sampled rows are unit vectors, the others have norm 2, so for a
-    # unit query the nearest items are all sampled rows and the estimate (a sample rank below kp) is too
-    # low. Those queries must end uncertified after round 1 and exact after round 2.
+def record_rounds(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Patch the stage-2 ranking to record (rows ranked, rows left uncertified) of every round."""
     knn_module = sys.modules[knn.__module__]  # the submodule: `functional.knn` is the function after import
-    x = torch.nn.functional.normalize(torch.randn(8192, 8, generator=torch.Generator().manual_seed(0)), dim=1) * 2
-    x[::4] /= 2
     rounds: list[tuple[int, int]] = []
     rank = knn_module._rank
 
@@ -207,19 +202,114 @@ def test_estimated_thresholds_that_fall_short_are_searched_again(monkeypatch: py
         return ranked
 
     monkeypatch.setattr(knn_module, "_rank", recording_rank)
-    result = knn(x, k=38, backend="torch")
-    assert rounds == [(8192, 2048), (2048, 0)]  # every unit query fell short once, none twice
-    rounds.clear()
-    by_faiss = knn(x, k=38, backend="faiss")
-    assert rounds == [(8192, 0)]
-    for u, v in zip(result, by_faiss, strict=True):
-        assert torch.equal(u, v)
-    for i in range(0, 8192, 97):
+    return rounds
+
+
+def record_range_searches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Patch the faiss stage's range search to record the number of rows of every call."""
+    stage = sys.modules[knn.__module__]._FaissStage
+    calls: list[int] = []
+    search = stage._range
+
+    def recording_range(self, rows, kp):  # type: ignore[no-untyped-def]
+        calls.append(rows.numel())
+        return search(self, rows, kp)
+
+    monkeypatch.setattr(stage, "_range", recording_range)
+    return calls
+
+
+def assert_first_rows_match_reference(result, x: Tensor, k: int, step: int) -> None:  # type: ignore[no-untyped-def]
+    for i in range(0, x.shape[0], step):
         d = reference_distances(x[i], x, "euclidean").float()
         d[i] = float("inf")
-        order = torch.argsort(d, stable=True)[:38]
+        order = torch.argsort(d, stable=True)[:k]
         assert result.indices[i].tolist() == order.tolist(), f"query {i}"
         assert result.distances[i].tolist() == pytest.approx(d[order].tolist(), rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("backend", "k"),
+    [("torch", 38), ("faiss", 64)],  # faiss: from 64 candidates, a range search below the estimates
+)
+def test_estimated_thresholds_that_fall_short_are_searched_again(
+    monkeypatch: pytest.MonkeyPatch, backend: KNNBackend, k: int
+) -> None:
+    # Both stages start from thresholds estimated on a strided sample (every 4th row here). Make that
+    # sample unrepresentative: the sampled rows are unit vectors, the others have norm 2, so for a unit
+    # query the nearest items are all sampled rows and the estimate (a sample rank below kp) is too low.
+    # Those queries must end uncertified after round 1 and exact after round 2.
+    x = torch.nn.functional.normalize(torch.randn(8192, 8, generator=torch.Generator().manual_seed(0)), dim=1) * 2
+    x[::4] /= 2
+    rounds, ranged = record_rounds(monkeypatch), record_range_searches(monkeypatch)
+    result = knn(x, k=k, backend=backend)
+    assert ranged == ([8192] if backend == "faiss" else [])
+    # every unit query fell short once (and perhaps a few others: an estimate misses by chance), none twice
+    (first, short), (second, left) = rounds
+    assert first == 8192 and 2048 <= short <= 2048 + 8 and second == short and left == 0
+    other = knn(x, k=k, backend="faiss" if backend == "torch" else "torch")
+    for u, v in zip(result, other, strict=True):
+        assert torch.equal(u, v)
+    assert_first_rows_match_reference(result, x, k, step=97)
+
+
+def test_faiss_range_search_leaves_crowded_queries_to_the_next_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 1000 copies of one vector among 3000: for a copy, the estimated threshold ties with hundreds of
+    # sample keys, so a range search below it would return every copy. Those queries are left without
+    # candidates in round 1 and found by the top-k search of round 2.
+    g = torch.Generator().manual_seed(1)
+    x = torch.nn.functional.normalize(torch.randn(3000, 8, generator=g), dim=1)
+    copies = torch.randperm(3000, generator=g)[:1000]
+    x[copies] = x[copies[0]].clone()
+    rounds, ranged = record_rounds(monkeypatch), record_range_searches(monkeypatch)
+    result = knn(x, k=64, backend="faiss")
+    assert ranged == [3000]
+    assert rounds[0][0] == 3000 and rounds[0][1] >= 1000 and rounds[-1][1] == 0
+    other = knn(x, k=64, backend="torch")
+    for u, v in zip(result, other, strict=True):
+        assert torch.equal(u, v)
+    copy = int(copies[5])
+    assert result.distances[copy].tolist() == [0.0] * 64
+    assert result.indices[copy].tolist() == sorted(set(copies.tolist()) - {copy})[:64]  # ties by position
+    assert_first_rows_match_reference(result, x, 64, step=151)
+
+
+@pytest.mark.parametrize("distance", DISTANCES)
+def test_faiss_range_search_with_exclusions_matches_reference(
+    monkeypatch: pytest.MonkeyPatch, distance: Distance
+) -> None:
+    # A query set against a gallery that contains it (explicit positions) with sequences of 7 items:
+    # the range search returns the excluded items too, and they must be dropped.
+    g = torch.Generator().manual_seed(2)
+    gallery = torch.randn(3000, 6, generator=g) * (1 + torch.rand(3000, 1, generator=g))
+    positions = torch.arange(0, 3000, 40)
+    ranged = record_range_searches(monkeypatch)
+    sequences = torch.arange(3000) // 7
+    result = knn(
+        gallery[positions],
+        gallery,
+        70,
+        distance=distance,
+        exclude_self=positions,
+        sequence_ids=(sequences[positions], sequences),
+        backend="faiss",
+    )
+    by_torch = knn(
+        gallery[positions],
+        gallery,
+        70,
+        distance=distance,
+        exclude_self=positions,
+        sequence_ids=(sequences[positions], sequences),
+        backend="torch",
+    )
+    assert ranged == [positions.numel()]
+    for u, v in zip(result, by_torch, strict=True):
+        assert torch.equal(u, v)
+    expected = reference_knn(
+        gallery[positions], gallery, 70, distance, positions.tolist(), (sequences[positions], sequences)
+    )
+    assert_matches_reference(result, expected, exact_distances=False)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from torchmetrics_retrieval.functional._stream_topk import SEGMENT, _below_by_column, _below_by_row
+from torchmetrics_retrieval.functional._stream_topk import (
+    SAMPLE,
+    SEGMENT,
+    SIGMAS,
+    _below_by_column,
+    _below_by_row,
+    sample_thresholds,
+)
 
 
 def expected_by_row(keys: torch.Tensor, tau: torch.Tensor) -> tuple[list[int], list[int], list[float]]:
@@ -31,3 +40,26 @@ def test_column_scan_on_a_non_contiguous_block() -> None:
     tau = torch.full((SEGMENT,), 0.1)
     c, r, v = _below_by_column(keys, tau)
     assert (c.tolist(), r.tolist(), v.tolist()) == expected_by_row(keys.T, tau)
+
+
+@pytest.mark.parametrize("estimate", [False, True])
+def test_sample_thresholds_bound_the_sample_rank_and_flag_ties(estimate: bool) -> None:
+    # Keys of 300 queries against a 20000-item gallery; the sample is every 20000 / 2048-th item. Without
+    # an estimate the threshold is a proven bound: at least the kp-th smallest key over the whole gallery.
+    # With it (rank m + 3 (sqrt(m) + 1) over group minima), it is at least that rank of the sample keys.
+    g = torch.Generator().manual_seed(3)
+    n_query, n_gallery, kp = 300, 20000, 50
+    keys = torch.rand(n_query, n_gallery, generator=g)
+    keys[:10] = 0.5  # all tied: far more than twice the rank of sample keys lie below the threshold
+
+    def key_fn(rows: slice, cols: torch.Tensor) -> torch.Tensor:
+        return keys[rows][:, cols].clone()
+
+    tau, crowded = sample_thresholds(n_query, n_gallery, key_fn, kp, lambda *_: None, 64, estimate)
+    sample = torch.arange(SAMPLE) * n_gallery // SAMPLE
+    expected = kp * SAMPLE / n_gallery
+    rank = math.ceil(expected + SIGMAS * (math.sqrt(expected) + 1)) if estimate else kp
+    assert bool((tau >= keys[:, sample].kthvalue(rank, dim=1).values).all())
+    if not estimate:
+        assert bool((tau >= keys.kthvalue(kp, dim=1).values).all())
+    assert crowded.tolist() == [True] * 10 + [False] * (n_query - 10)

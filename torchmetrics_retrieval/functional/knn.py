@@ -24,7 +24,12 @@ from torchmetrics_retrieval.functional._checks import (
     check_same_length,
     describe,
 )
-from torchmetrics_retrieval.functional._stream_topk import buffer_width, stream_topk, stream_topk_symmetric
+from torchmetrics_retrieval.functional._stream_topk import (
+    buffer_width,
+    sample_thresholds,
+    stream_topk,
+    stream_topk_symmetric,
+)
 
 __all__ = ["BACKENDS", "DISTANCES", "Distance", "DistanceBlock", "KNNBackend", "KNNResult", "distance_blocks", "knn"]
 
@@ -309,6 +314,10 @@ AUTO_TORCH_MAX_KP = 48
 SYMMETRIC_BUFFER_BYTES = 768 * 2**20
 #: Largest number of candidate pairs recomputed canonically at once (stage 2).
 STAGE2_PAIRS = 2**20
+#: The faiss stage's first round takes a range search below estimated thresholds from this many candidates
+#: per query and galleries of at least ``RANGE_GALLERY_PER_KP * kp`` items (measured: see benchmarks/README.md).
+RANGE_MIN_KP = 64
+RANGE_GALLERY_PER_KP = 16
 #: Faiss GPU indexes cannot return more neighbours than this.
 FAISS_GPU_MAX_K = 2048
 
@@ -553,10 +562,18 @@ def _faiss_module() -> Any:
 
 
 class _FaissStage:
-    """Stage 1 with a faiss flat index (exact search in float32), excluded items dropped afterwards.
+    """Stage 1 with a faiss flat inner-product index (exact search in float32) on augmented rows.
 
-    Faiss cannot exclude items during the search, so it fetches ``kp`` plus the largest number of excluded
-    items of any query, and the excluded ones are removed from its answer.
+    The index holds ``g' = [2g, -|g|^2, 1]`` (L2) or ``[g, 1]`` (dot, cosine) and a query is sent as
+    ``q' = [q, 1, t]`` or ``[q, t]``, so that ``<q', g'> = t - key(q, g)``: with ``t = 0`` a top-k search
+    by inner product ranks by key, and a range search ``<q', g'> > 0`` keeps exactly the items whose key
+    is below a per-query threshold ``t``. The first round of a large search (``kp >= RANGE_MIN_KP``, CPU)
+    takes that range search with thresholds estimated from a gallery sample: one fused product-and-compare
+    pass in faiss, instead of a top-k selection that is expensive for large K. Later rounds, and rows the
+    sample shows crowded at their threshold, take the top-k search.
+
+    Faiss cannot exclude items during the search: the top-k search fetches ``kp`` plus the largest number
+    of excluded items of any query, and the excluded items are dropped from both answers.
     """
 
     def __init__(self, problem: _Problem, *, use_gpu: bool) -> None:
@@ -564,23 +581,37 @@ class _FaissStage:
         self.problem = problem
         gallery, gallery_sq = _prepare(problem.gallery, problem.distance, torch.float32)
         self.l2 = gallery_sq is not None
-        index = faiss.IndexFlatL2(gallery.shape[1]) if self.l2 else faiss.IndexFlatIP(gallery.shape[1])
-        index.add(gallery.detach().cpu().contiguous().numpy())
+        self.gallery, self.bias = gallery, gallery_sq if gallery_sq is not None else torch.zeros_like(gallery[:, 0])
+        self.alpha = -2.0 if self.l2 else -1.0
+        ones = torch.ones_like(gallery[:, :1])
+        augmented = torch.cat([2.0 * gallery, -self.bias[:, None], ones] if self.l2 else [gallery, ones], dim=1)
+        index = faiss.IndexFlatIP(augmented.shape[1])
+        index.add(augmented.detach().cpu().contiguous().numpy())
         self.index = faiss.index_cpu_to_all_gpus(index) if use_gpu else index
+        self.use_range = not use_gpu
         self.n_excluded = problem.gallery.shape[0] - problem.n_eligible
 
+    def _augmented(self, query: Tensor, thresholds: Tensor | None = None) -> Any:
+        """Prepared float32 query rows as the augmented numpy rows ``[q, 1, t]`` / ``[q, t]`` (default t = 0)."""
+        t = torch.zeros_like(query[:, :1]) if thresholds is None else thresholds[:, None].to(query.dtype)
+        parts = [query, torch.ones_like(t), t] if self.l2 else [query, t]
+        return torch.cat(parts, dim=1).detach().cpu().contiguous().numpy()
+
     def __call__(self, rows: Tensor, kp: int, first_round: bool) -> _Candidates:
-        del first_round  # every round is an exact selection: the largest key is the floor of a full row
+        n_gallery = self.problem.gallery.shape[0]
+        if first_round and self.use_range and kp >= RANGE_MIN_KP and n_gallery >= RANGE_GALLERY_PER_KP * kp:
+            return self._range(rows, kp)
+        return self._top(rows, kp)
+
+    def _top(self, rows: Tensor, kp: int) -> _Candidates:
+        """Exact float32 top-k selection: the largest candidate key is the floor of a full row."""
         problem = self.problem
-        n_gallery = problem.gallery.shape[0]
-        n_fetch = min(n_gallery, kp + int(self.n_excluded[rows].max()))
+        n_fetch = min(problem.gallery.shape[0], kp + int(self.n_excluded[rows].max()))
         query, _ = _prepare(problem.query[rows], problem.distance, torch.float32)
-        values_np, labels_np = self.index.search(query.detach().cpu().contiguous().numpy(), n_fetch)
+        values_np, labels_np = self.index.search(self._augmented(query), n_fetch)
         device = rows.device
         labels = torch.from_numpy(labels_np).to(device)
-        values = torch.from_numpy(values_np).to(device, torch.float64)
-        # faiss gives |q - g|^2 (L2) or <q, g> (IP); the key drops |q|^2 / negates the similarity.
-        keys = values - problem.query_sq64[rows][:, None] if self.l2 else -values
+        keys = -torch.from_numpy(values_np).to(device, torch.float64)
         found = labels >= 0
         labels = labels.clamp(min=0)
         keys = keys.masked_fill(~found | ~_pair_eligible(_take_rows(problem.exclusions, rows), labels), float("inf"))
@@ -589,6 +620,49 @@ class _FaissStage:
         # A row with fewer than kp candidates has them all (faiss fetched past every excluded item).
         floor = torch.where(ok.all(dim=1), top.values[:, -1], float("inf"))
         return _Candidates(labels.gather(1, top.indices), ok, floor)
+
+    def _range(self, rows: Tensor, kp: int) -> _Candidates:
+        """Candidates below estimated per-query thresholds ``tau``.
+
+        Every row keeps its best ``kp`` plus as many as it may have excluded items (dropped afterwards).
+        A non-candidate either failed the range test (key >= ``tau``, up to the float32 rounding the
+        certificate allows for) or passed it with a key >= the last kept one: the floor is that key for
+        a row with more passing items than it keeps, else ``tau``. Crowded rows get no candidates and
+        floor -inf: they are searched again.
+        """
+        problem, device = self.problem, rows.device
+        query, _ = _prepare(problem.query[rows], problem.distance, torch.float32)
+        exclusions = _take_rows(problem.exclusions, rows)
+
+        def key_fn(block_rows: slice, cols: Tensor) -> Tensor:
+            return torch.addmm(self.bias[cols][None], query[block_rows], self.gallery[cols].T, alpha=self.alpha)
+
+        def mask(keys: Tensor, block_rows: slice, cols: slice | Tensor) -> None:
+            _mask_excluded_(keys, block_rows, cols, exclusions)
+
+        tau, crowded = sample_thresholds(rows.numel(), problem.gallery.shape[0], key_fn, kp, mask, STAGE1_ROWS, True)
+        crowded |= torch.isinf(tau)  # no threshold: fewer than ``rank`` eligible sample items
+        tau = tau.masked_fill(crowded, torch.finfo(tau.dtype).min)  # nothing passes, floor ~ -inf
+        lims_np, values_np, labels_np = self.index.range_search(self._augmented(query, tau), 0.0)
+        lims = torch.from_numpy(lims_np.astype("int64")).to(device)
+        counts = lims.diff()
+        # Dense (rows, most passing) inner products t - key, -inf padded; the best are the largest.
+        n_keep = kp + int(self.n_excluded[rows].max())
+        width = max(n_keep, int(counts.max()))
+        row_start = torch.arange(rows.numel(), device=device) * width - lims[:-1]
+        flat = torch.arange(int(lims[-1]), device=device) + row_start.repeat_interleave(counts)
+        dense = torch.full((rows.numel(), width), -float("inf"), device=device)
+        dense.view(-1)[flat] = torch.from_numpy(values_np).to(device)
+        top = torch.topk(dense, n_keep, dim=1, sorted=False)
+        found = top.indices < counts[:, None]
+        items = torch.from_numpy(labels_np).to(device)[
+            (lims[:-1, None] + top.indices).clamp(max=max(0, int(lims[-1]) - 1))
+        ]
+        items = items.masked_fill(~found, 0)
+        ok = found & _pair_eligible(exclusions, items)
+        tau64 = tau.to(torch.float64)
+        floor = torch.where(counts > n_keep, tau64 - top.values.amin(dim=1).to(torch.float64), tau64)
+        return _Candidates(items, ok, floor)
 
 
 def _pair_eligible(exclusions: _Exclusions, indices: Tensor) -> Tensor:
