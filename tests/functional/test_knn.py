@@ -101,18 +101,22 @@ CHUNKS = (1, 3, 7, None)
     chunk_size=st.sampled_from(CHUNKS),
     seed=st.integers(0, 2**16),
     n_sequences=st.integers(0, 5),
+    exact=st.booleans(),
 )
-def test_leave_one_out_matches_reference(n, dim, k, distance, backend, chunk_size, seed, n_sequences) -> None:
+def test_leave_one_out_matches_reference(n, dim, k, distance, backend, chunk_size, seed, n_sequences, exact) -> None:
+    # exact=False: only near-tied candidates get float64 distances; the neighbours must not change.
     x = integer_points(n, dim, seed)
     seq = None if n_sequences == 0 else torch.arange(n) % n_sequences
-    result = knn(x, k=k, distance=distance, backend=backend, chunk_size=chunk_size, sequence_ids=seq)
+    result = knn(
+        x, k=k, distance=distance, backend=backend, chunk_size=chunk_size, sequence_ids=seq, exact_distances=exact
+    )
     expected = reference_knn(
         x, x, k, distance, self_index=list(range(n)), sequence_ids=None if seq is None else (seq, seq)
     )
     if max(len(row) for row in expected) == 0:
         assert result.indices.shape == (n, 0)
         return
-    assert_matches_reference(result, expected, exact_distances=True)
+    assert_matches_reference(result, expected, exact_distances=exact)
 
 
 @settings(max_examples=40, deadline=None)
@@ -124,17 +128,22 @@ def test_leave_one_out_matches_reference(n, dim, k, distance, backend, chunk_siz
     chunk_size=st.sampled_from(CHUNKS),
     seed=st.integers(0, 2**16),
     with_groups=st.booleans(),
+    exact=st.booleans(),
 )
-def test_query_gallery_with_groups_matches_reference(n_query, n_gallery, k, distance, chunk_size, seed, with_groups):
+def test_query_gallery_with_groups_matches_reference(
+    n_query, n_gallery, k, distance, chunk_size, seed, with_groups, exact
+):
     x = integer_points(n_query + n_gallery, 3, seed)
     query, gallery = x[:n_query], x[n_query:]
     groups = (torch.arange(n_query) % 2, torch.arange(n_gallery) % 3) if with_groups else None
-    result = knn(query, gallery, k, distance=distance, search_groups=groups, chunk_size=chunk_size, backend="torch")
+    result = knn(
+        query, gallery, k, distance=distance, search_groups=groups, chunk_size=chunk_size, exact_distances=exact
+    )
     expected = reference_knn(query, gallery, k, distance, search_groups=groups)
     if max(len(row) for row in expected) == 0:
         assert result.indices.shape == (n_query, 0)
         return
-    assert_matches_reference(result, expected, exact_distances=True)
+    assert_matches_reference(result, expected, exact_distances=exact)
 
 
 @settings(max_examples=30, deadline=None)
@@ -152,7 +161,11 @@ def test_float_data_backends_identical_and_match_reference(distance, chunk_size,
     by_faiss = knn(query, gallery, k, distance=distance, backend="faiss", chunk_size=chunk_size)
     for a, b in zip(by_torch, by_faiss, strict=True):
         assert torch.equal(a, b)
-    assert_matches_reference(by_torch, reference_knn(query, gallery, k, distance), exact_distances=False)
+    expected = reference_knn(query, gallery, k, distance)
+    assert_matches_reference(by_torch, expected, exact_distances=False)
+    for backend in BACKENDS:
+        fast = knn(query, gallery, k, distance=distance, backend=backend, chunk_size=chunk_size, exact_distances=False)
+        assert_matches_reference(fast, expected, exact_distances=False)
 
 
 @settings(max_examples=25, deadline=None)
@@ -196,8 +209,8 @@ def record_rounds(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     rounds: list[tuple[int, int]] = []
     rank = knn_module._rank
 
-    def recording_rank(problem, rows, candidates, k):  # type: ignore[no-untyped-def]
-        ranked = rank(problem, rows, candidates, k)
+    def recording_rank(problem, rows, candidates, k, exact_distances):  # type: ignore[no-untyped-def]
+        ranked = rank(problem, rows, candidates, k, exact_distances)
         rounds.append((rows.numel(), int((~ranked.certified).sum())))
         return ranked
 
@@ -250,6 +263,9 @@ def test_estimated_thresholds_that_fall_short_are_searched_again(
     other = knn(x, k=k, backend="faiss" if backend == "torch" else "torch")
     for u, v in zip(result, other, strict=True):
         assert torch.equal(u, v)
+    fast = knn(x, k=k, backend=backend, exact_distances=False)
+    assert torch.equal(fast.indices, result.indices) and torch.equal(fast.valid, result.valid)
+    assert torch.allclose(fast.distances, result.distances, rtol=1e-4, atol=1e-5)
     assert_first_rows_match_reference(result, x, k, step=97)
 
 
@@ -268,6 +284,8 @@ def test_faiss_range_search_leaves_crowded_queries_to_the_next_round(monkeypatch
     other = knn(x, k=64, backend="torch")
     for u, v in zip(result, other, strict=True):
         assert torch.equal(u, v)
+    fast = knn(x, k=64, backend="faiss", exact_distances=False)
+    assert torch.equal(fast.indices, result.indices) and torch.equal(fast.valid, result.valid)
     copy = int(copies[5])
     assert result.distances[copy].tolist() == [0.0] * 64
     assert result.indices[copy].tolist() == sorted(set(copies.tolist()) - {copy})[:64]  # ties by position
@@ -468,6 +486,7 @@ X = torch.zeros(3, 2) + torch.arange(3.0)[:, None]
         ({"gallery": torch.zeros(3, 5)}, ValueError, "`gallery` must have 2 columns"),
         ({"k": 0}, ValueError, "`k` must be an int >= 1, got 0"),
         ({"k": 1.5}, TypeError, "`k` must be an int"),
+        ({"exact_distances": "yes"}, TypeError, "`exact_distances` must be a bool, got 'yes'"),
         ({"k": True}, TypeError, "`k` must be an int"),
         ({"distance": "manhattan"}, ValueError, "`distance` must be one of"),
         ({"backend": "annoy"}, ValueError, "`backend` must be one of"),

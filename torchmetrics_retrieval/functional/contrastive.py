@@ -25,6 +25,7 @@ from torchmetrics_retrieval.functional._checks import (
     check_top_k,
     describe,
 )
+from torchmetrics_retrieval.functional._precision import ieee_float32_matmul
 
 __all__ = ["contrastive_accuracy"]
 
@@ -60,6 +61,7 @@ def _pair_dots(a64: Tensor, b64: Tensor, i: Tensor, j: Tensor) -> Tensor:
     )
 
 
+@ieee_float32_matmul()  # the rounding bound assumes IEEE float32 products
 def _count_more_similar(a: Tensor, b: Tensor, chunk: int) -> tuple[Tensor, Tensor]:
     """For every i, how many candidates are strictly more similar than the partner, in each direction.
 

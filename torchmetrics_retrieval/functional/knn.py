@@ -24,6 +24,7 @@ from torchmetrics_retrieval.functional._checks import (
     check_same_length,
     describe,
 )
+from torchmetrics_retrieval.functional._precision import ieee_float32_matmul
 from torchmetrics_retrieval.functional._stream_topk import (
     buffer_width,
     sample_thresholds,
@@ -231,7 +232,8 @@ def _iter_blocks(
                 ).to(query.dtype)
             else:
                 g_sq = None if gallery_sq is None else gallery_sq[g_slice]
-                d = _block_distances(q, q_sq, gallery_prepared[g_slice], g_sq, distance)
+                with ieee_float32_matmul():  # not inside a yield: the consumer runs with its own settings
+                    d = _block_distances(q, q_sq, gallery_prepared[g_slice], g_sq, distance)
             eligible = _eligible(q_slice, g_slice, exclusions, query.device)
             if eligible is not None:
                 d.masked_fill_(~eligible, float("inf"))
@@ -459,6 +461,7 @@ class _Candidates(NamedTuple):
     indices: Tensor  # (R, kp) int64
     ok: Tensor  # (R, kp) bool
     floor: Tensor  # (R,) float: no non-candidate has a smaller key
+    keys: Tensor  # (R, kp) float: the stage-1 keys (meaningful where ok)
 
 
 def _mask_excluded_(keys: Tensor, rows: slice, cols: slice | Tensor, exclusions: _Exclusions) -> None:
@@ -511,7 +514,7 @@ class _TorchStage:
 
     def _candidates(self, found: tuple[Tensor, Tensor, Tensor]) -> _Candidates:
         keys, positions, floor = found
-        return _Candidates(positions, torch.isfinite(keys), floor)
+        return _Candidates(positions, torch.isfinite(keys), floor, keys)
 
     def _search_symmetric(self, kp: int) -> _Candidates:
         exclusions = self.problem.exclusions
@@ -530,6 +533,7 @@ class _TorchStage:
         )
         if self.alpha == -2.0:  # back to the key of the other stages, |g|^2 - 2<q, g> = 2 * key - |q|^2
             floor = 2.0 * floor - self.bias
+            keys = 2.0 * keys - self.bias[:, None]
         return self._candidates((keys, positions, floor))
 
     def _search(self, rows: Tensor, kp: int, estimate: bool) -> _Candidates:
@@ -619,7 +623,7 @@ class _FaissStage:
         ok = torch.isfinite(top.values)
         # A row with fewer than kp candidates has them all (faiss fetched past every excluded item).
         floor = torch.where(ok.all(dim=1), top.values[:, -1], float("inf"))
-        return _Candidates(labels.gather(1, top.indices), ok, floor)
+        return _Candidates(labels.gather(1, top.indices), ok, floor, top.values)
 
     def _range(self, rows: Tensor, kp: int) -> _Candidates:
         """Candidates below estimated per-query thresholds ``tau``.
@@ -662,7 +666,7 @@ class _FaissStage:
         ok = found & _pair_eligible(exclusions, items)
         tau64 = tau.to(torch.float64)
         floor = torch.where(counts > n_keep, tau64 - top.values.amin(dim=1).to(torch.float64), tau64)
-        return _Candidates(items, ok, floor)
+        return _Candidates(items, ok, floor, tau64[:, None] - top.values.to(torch.float64))
 
 
 def _pair_eligible(exclusions: _Exclusions, indices: Tensor) -> Tensor:
@@ -733,14 +737,25 @@ def _key_tolerance(problem: _Problem, rows: Tensor) -> Tensor:
     return eps * (q_norm + g_norm) ** 2
 
 
-def _distance_lower_bound(problem: _Problem, rows: Tensor, key_bound: Tensor) -> Tensor:
-    """The distance that a key >= ``key_bound`` implies (key space -> distance space), ``(R,)`` float64."""
+def _key_to_distance(problem: _Problem, rows: Tensor, keys: Tensor) -> Tensor:
+    """The distance of a key (a monotone map), float64; ``keys`` is ``(R,)`` or ``(R, n)``."""
+    keys = keys.to(torch.float64)
     if problem.distance == "dot":
-        return key_bound
+        return keys
     if problem.distance == "cosine":
-        return 1.0 + key_bound
-    squared = key_bound + problem.query_sq64[rows]
+        return 1.0 + keys
+    squared = keys + problem.query_sq64[rows].view(-1, *([1] * (keys.dim() - 1)))
     return squared.clamp(min=0.0).sqrt() if problem.distance == "euclidean" else squared
+
+
+def _near_ties(keys: Tensor, gap: Tensor) -> Tensor:
+    """``(R, n)`` bool: entries whose key is within ``gap[r]`` of another key of their row."""
+    ordered, order = torch.sort(keys, dim=1)
+    close = ordered.diff(dim=1) <= gap[:, None].to(keys.dtype)
+    near = torch.zeros_like(keys, dtype=torch.bool)
+    near[:, 1:] |= close
+    near[:, :-1] |= close
+    return torch.empty_like(near).scatter_(1, order, near)
 
 
 class _Ranked(NamedTuple):
@@ -764,22 +779,45 @@ def _order_by_distance_then_position(distances: Tensor, positions: Tensor) -> Te
     return by_position.gather(1, torch.argsort(distances.gather(1, by_position), dim=1, stable=True))
 
 
-def _rank(problem: _Problem, rows: Tensor, candidates: _Candidates, k: int) -> _Ranked:
-    """Canonical distances of the candidates, stable order by (distance, gallery position), certificate."""
-    indices, ok, floor = candidates
-    pair_rows, slots = torch.nonzero(ok, as_tuple=True)
-    exact = torch.full(ok.shape, float("inf"), dtype=problem.query.dtype, device=ok.device)
-    exact[pair_rows, slots] = _canonical_distances(problem, rows, pair_rows, indices[pair_rows, slots]).to(exact.dtype)
-    order = _order_by_distance_then_position(exact, torch.where(ok, indices, problem.gallery.shape[0]))[:, :k]
+def _rank(problem: _Problem, rows: Tensor, candidates: _Candidates, k: int, exact_distances: bool) -> _Ranked:
+    """Distances of the candidates, stable order by (distance, gallery position), certificate.
+
+    With ``exact_distances`` every candidate's distance is recomputed canonically in float64. Without,
+    only the candidates whose key lies within two rounding bounds of another candidate's key are (near
+    ties); the others keep the distance of their stage-1 key. The order is the same: a candidate whose
+    key is further than two bounds from every other key is further than zero from them in exact
+    distance too, on the same side (and far more than a float32 step apart after rounding). Near
+    duplicates are recomputed too, so that a duplicate's distance is exactly 0.
+    """
+    indices, ok, floor, keys = candidates
+    tolerance = _key_tolerance(problem, rows)
+    if exact_distances:
+        recompute = ok
+    else:
+        recompute = ok & _near_ties(keys.masked_fill(~ok, float("inf")), 2.0 * tolerance)
+        if problem.distance in ("euclidean", "sqeuclidean"):  # near-duplicates: a key cannot resolve 0
+            recompute |= ok & (_key_to_distance(problem, rows, keys - 2.0 * tolerance[:, None]) == 0.0)
+    pair_rows, slots = torch.nonzero(recompute, as_tuple=True)
+    dtype = problem.query.dtype
+    if exact_distances:
+        values = torch.full(ok.shape, float("inf"), dtype=dtype, device=ok.device)
+    else:
+        values = _key_to_distance(problem, rows, keys).to(dtype).masked_fill_(~ok, float("inf"))
+    values[pair_rows, slots] = _canonical_distances(problem, rows, pair_rows, indices[pair_rows, slots]).to(dtype)
+    order = _order_by_distance_then_position(values, torch.where(ok, indices, problem.gallery.shape[0]))[:, :k]
     valid = ok.gather(1, order)
-    distances = exact.gather(1, order).masked_fill_(~valid, float("inf"))
+    distances = values.gather(1, order).masked_fill_(~valid, float("inf"))
     chosen = indices.gather(1, order).masked_fill_(~valid, 0)
     # Certificate: every eligible non-candidate has a key >= the floor, so an exact distance >= ``bound``;
-    # the answer is exact when the K-th distance is below it (or nothing is left).
+    # the answer is exact when the K-th distance is below it (or nothing is left). A K-th distance taken
+    # from a key is only known up to the key's rounding bound: its upper end must be below ``bound``.
     n_found = ok.sum(dim=1)
     covered = n_found >= problem.n_eligible[rows]
-    bound = _distance_lower_bound(problem, rows, floor.to(torch.float64) - _key_tolerance(problem, rows))
-    separated = (n_found >= k) & (distances[:, -1] < bound.to(distances.dtype))
+    bound = _key_to_distance(problem, rows, floor.to(torch.float64) - tolerance).to(dtype)
+    last = order[:, -1:]
+    last_upper = _key_to_distance(problem, rows, keys.gather(1, last).squeeze(1).to(torch.float64) + tolerance)
+    last_upper = torch.where(recompute.gather(1, last).squeeze(1), distances[:, -1], last_upper.to(dtype))
+    separated = (n_found >= k) & (last_upper < bound)
     return _Ranked(distances, chosen, valid, covered | separated)
 
 
@@ -882,6 +920,7 @@ def knn(
     search_groups: Tensor | tuple[Tensor, Tensor] | None = None,
     backend: KNNBackend = "auto",
     chunk_size: int | None = None,
+    exact_distances: bool = True,
 ) -> KNNResult:
     r"""Exact k nearest eligible gallery items of every query, nearest first, ties by gallery position.
 
@@ -921,6 +960,11 @@ def knn(
             ``"torch"`` or ``"faiss"`` (CPU, or GPU with faiss-gpu; falls back to torch with a warning for
             search groups or CUDA tensors without faiss-gpu).
         chunk_size: int >= 1, caps the query rows and gallery columns of a block (testing, memory).
+        exact_distances: True: every returned distance is the canonical float64 one (identical for every
+            backend). False: the neighbours and their order are the same, but only near-tied candidates
+            get the float64 recomputation; the others report the distance of their float32 search key,
+            within its rounding bound of the canonical one. Faster with large K when only the neighbours
+            are needed.
 
     Returns:
         :class:`KNNResult` ``(distances (Q, K), indices (Q, K) int64, valid (Q, K) bool)``; where a query
@@ -942,6 +986,8 @@ def knn(
     check_choice("backend", backend, BACKENDS)
     if chunk_size is not None:
         check_positive_int("chunk_size", chunk_size)
+    if not isinstance(exact_distances, bool):
+        raise TypeError(f"`exact_distances` must be a bool, got {describe(exact_distances)}.")
     same_set = gallery is None
     query, gallery_ = _check_query_gallery(query, query if gallery is None else gallery)
     has_gallery = not same_set
@@ -966,11 +1012,12 @@ def knn(
     stage = (
         _TorchStage(problem, chunk_size) if engine == "torch" else _FaissStage(problem, use_gpu=engine == "faiss-gpu")
     )
-    return _search_rounds(problem, stage, k, kp, chunk_size)
+    return _search_rounds(problem, stage, k, kp, chunk_size, exact_distances)
 
 
+@ieee_float32_matmul()  # the certificate's rounding bound assumes IEEE float32 products
 def _search_rounds(
-    problem: _Problem, stage: _TorchStage | _FaissStage, k: int, kp: int, chunk_size: int | None
+    problem: _Problem, stage: _TorchStage | _FaissStage, k: int, kp: int, chunk_size: int | None, exact_distances: bool
 ) -> KNNResult:
     """Rounds of stage 1 + stage 2 over the uncertified queries, doubling the candidates each round."""
     n_query, n_gallery, device = problem.query.shape[0], problem.gallery.shape[0], problem.query.device
@@ -984,7 +1031,7 @@ def _search_rounds(
         failed = []
         for start in range(0, pending.numel(), group_rows):
             rows = pending[start : start + group_rows]
-            ranked = _rank(problem, rows, stage(rows, kp, first_round), k)
+            ranked = _rank(problem, rows, stage(rows, kp, first_round), k, exact_distances)
             done = rows[ranked.certified]
             distances[done] = ranked.distances[ranked.certified]
             indices[done] = ranked.indices[ranked.certified]

@@ -272,7 +272,10 @@ def retrieval_per_query(
     Arguments as in :func:`retrieval_metrics`, with the options given as a :class:`RetrievalOptions`.
     With ``keep_neighbours=False`` a ``(Q, K)`` neighbour table larger than ``NEIGHBOUR_TABLE_BYTES`` is
     never held whole: queries are searched in chunks and only their per-query values are kept (the
-    result's ``indices``, ``distances``, ``valid`` and ``is_relevant`` then have zero columns).
+    result's ``indices``, ``distances``, ``valid`` and ``is_relevant`` then have zero columns). The
+    search then also skips the float64 recomputation of distances that the ranking does not need
+    (``knn(..., exact_distances=False)``): the neighbours are the same, a kept table's distances are
+    those of the float32 search, within its rounding bound.
     """
     options = options or RetrievalOptions()
     if options.normalize:
@@ -304,7 +307,7 @@ def retrieval_per_query(
     leave_one_out = gallery is None and is_query is None and is_gallery is None
     n_query, n_candidates = qg.query.shape[0], _gallery_sizes(qg)
     if keep_neighbours or n_query * k * _NEIGHBOUR_BYTES <= NEIGHBOUR_TABLE_BYTES:
-        found = _search(qg, options, k, None, symmetric=leave_one_out)
+        found = _search(qg, options, k, None, symmetric=leave_one_out, exact_distances=keep_neighbours)
         is_relevant = relevance_matrix(
             qg.query_labels, qg.gallery_labels, found.indices, found.valid, options.label_comparison_fn
         )
@@ -314,7 +317,7 @@ def retrieval_per_query(
         rows_per_chunk = max(1, NEIGHBOUR_TABLE_BYTES // (k * _NEIGHBOUR_BYTES))
         parts: list[dict[str, Tensor]] = []
         for rows in torch.arange(n_query, device=qg.query.device).split(rows_per_chunk):
-            part = _search(qg, options, k, rows, symmetric=False)
+            part = _search(qg, options, k, rows, symmetric=False, exact_distances=False)
             hits = relevance_matrix(
                 qg.query_labels[rows], qg.gallery_labels, part.indices, part.valid, options.label_comparison_fn
             )
@@ -349,7 +352,9 @@ def retrieval_per_query(
     )
 
 
-def _search(qg: QueryGallery, options: RetrievalOptions, k: int, rows: Tensor | None, *, symmetric: bool) -> KNNResult:
+def _search(
+    qg: QueryGallery, options: RetrievalOptions, k: int, rows: Tensor | None, *, symmetric: bool, exact_distances: bool
+) -> KNNResult:
     """kNN of the queries ``rows`` (None: all); ``symmetric``: the set against itself, each distance once."""
     if symmetric:
         return knn(
@@ -362,6 +367,7 @@ def _search(qg: QueryGallery, options: RetrievalOptions, k: int, rows: Tensor | 
             search_groups=None if qg.search_groups is None else qg.search_groups[0],
             backend=options.knn_backend,
             chunk_size=options.chunk_size,
+            exact_distances=exact_distances,
         )
     pick = slice(None) if rows is None else rows
     return knn(
@@ -374,6 +380,7 @@ def _search(qg: QueryGallery, options: RetrievalOptions, k: int, rows: Tensor | 
         search_groups=None if qg.search_groups is None else (qg.search_groups[0][pick], qg.search_groups[1]),
         backend=options.knn_backend,
         chunk_size=options.chunk_size,
+        exact_distances=exact_distances,
     )
 
 

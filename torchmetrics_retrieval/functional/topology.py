@@ -24,6 +24,7 @@ from torchmetrics_retrieval.functional._checks import (
     check_positive_int,
     describe,
 )
+from torchmetrics_retrieval.functional._precision import ieee_float32_matmul
 
 __all__ = ["alignment", "covariance_sums", "pcf", "pcf_from_sums", "uniformity"]
 
@@ -217,7 +218,8 @@ def uniformity(x: Tensor, t: float = 2.0, *, chunk_size: int | None = None) -> T
     sq_norms = (x * x).sum(dim=1)
     partial = []
     for rows in _row_blocks(n, n, chunk_size):
-        sq_dist = torch.addmm(sq_norms[rows, None] + sq_norms[None, :], x[rows], x.T, alpha=-2.0).clamp_(min=0.0)
+        with ieee_float32_matmul():
+            sq_dist = torch.addmm(sq_norms[rows, None] + sq_norms[None, :], x[rows], x.T, alpha=-2.0).clamp_(min=0.0)
         logits = sq_dist.mul_(-t)
         diagonal = torch.arange(rows.start, rows.stop, device=x.device)
         logits[diagonal - rows.start, diagonal] = -math.inf
