@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 
 import hypothesis.strategies as st
 import pytest
@@ -10,7 +11,19 @@ import torch
 from hypothesis import given, settings
 from torch import Tensor
 
+from torchmetrics_retrieval.functional import _compiled_buffer
 from torchmetrics_retrieval.functional.knn import DISTANCES, Distance, KNNBackend, distance_blocks, knn
+
+
+@pytest.fixture(autouse=True, scope="module", params=["compiled scans", "torch scans"])
+def scan_engine(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every test twice: stage-1 buffers filled by the compiled (numba) scans, and by torch passes."""
+    saved = _compiled_buffer.available
+    if request.param == "torch scans":
+        _compiled_buffer.available = lambda device: False
+    yield request.param
+    _compiled_buffer.available = saved
+
 
 # ----------------------------------------------------------------------------------------------------------------------
 # slow reference: float64 per query, explicit exclusions, stable sort by (distance, index)
@@ -360,6 +373,27 @@ def test_search_groups_restrict_the_gallery() -> None:
     assert result.indices.tolist() == [[1, 0], [0, 2]]
     assert result.distances.tolist() == [[5.0, float("inf")], [1.0, 2.0]]
     assert result.valid.tolist() == [[True, False], [True, True]]
+
+
+def test_auto_backend_choice(monkeypatch: pytest.MonkeyPatch, scan_engine: str) -> None:
+    knn_module = sys.modules[knn.__module__]
+    chosen: list[str] = []
+    resolve = knn_module._resolve_backend
+
+    def recording(backend, problem, kp):  # type: ignore[no-untyped-def]
+        chosen.append(resolve(backend, problem, kp))
+        return chosen[-1]
+
+    monkeypatch.setattr(knn_module, "_resolve_backend", recording)
+    x = torch.randn(200, 4, generator=torch.Generator().manual_seed(0))
+    knn(x, k=5)  # the set against itself
+    knn(x[:50], x, k=5)  # small K against a gallery
+    knn(x[:50], x, k=100)  # large K against a gallery
+    knn(x, k=5, search_groups=torch.arange(200) % 2)
+    if scan_engine == "compiled scans":
+        assert chosen == ["torch", "faiss", "torch", "torch"]
+    else:  # without numba, the torch scans only win for large leave-one-out searches with small K
+        assert chosen == ["faiss", "faiss", "faiss", "torch"]
 
 
 def test_faiss_with_search_groups_falls_back_to_torch() -> None:

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from torchmetrics_retrieval.functional import _compiled_buffer
 from torchmetrics_retrieval.functional._stream_topk import (
     SAMPLE,
     SEGMENT,
@@ -14,6 +15,7 @@ from torchmetrics_retrieval.functional._stream_topk import (
     _below_by_column,
     _below_by_row,
     sample_thresholds,
+    stream_topk_symmetric,
 )
 
 
@@ -63,3 +65,31 @@ def test_sample_thresholds_bound_the_sample_rank_and_flag_ties(estimate: bool) -
     if not estimate:
         assert bool((tau >= keys.kthvalue(kp, dim=1).values).all())
     assert crowded.tolist() == [True] * 10 + [False] * (n_query - 10)
+
+
+@pytest.mark.parametrize("estimate", [False, True])
+def test_compiled_and_torch_buffers_keep_the_same_best_keys(monkeypatch: pytest.MonkeyPatch, estimate: bool) -> None:
+    # Small integer coordinates: many tied keys, and kp = 7 makes the buffers compact again and again.
+    g = torch.Generator().manual_seed(4)
+    x = torch.randint(-3, 4, (3000, 3), generator=g).float()
+    half_sq, ones = (x * x).sum(dim=1, keepdim=True) / 2, torch.ones(3000, 1)
+    left, right = torch.cat([x, half_sq, ones], dim=1), torch.cat([-x, ones, half_sq], dim=1)
+
+    def mask(keys: torch.Tensor, rows: slice, cols: slice | torch.Tensor) -> None:
+        positions = torch.arange(rows.start, rows.stop)[:, None]
+        columns = cols[None, :] if isinstance(cols, torch.Tensor) else torch.arange(cols.start, cols.stop)[None, :]
+        keys.masked_fill_(positions == columns, float("inf"))
+
+    def run(compiled: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        monkeypatch.setattr(_compiled_buffer, "available", lambda device: compiled)
+        return stream_topk_symmetric(left, right, 7, mask, rows_per_chunk=256, cols_per_block=512, estimate=estimate)
+
+    (keys_c, items_c, floor_c), (keys_t, _, floor_t) = run(True), run(False)
+    assert torch.equal(keys_c.sort(dim=1).values, keys_t.sort(dim=1).values)
+    assert torch.equal(floor_c, floor_t)
+    # the compiled candidates are real pairs with their keys, and no other item is below the floor
+    full = left @ right.T
+    full.fill_diagonal_(float("inf"))
+    assert torch.equal(full.gather(1, items_c), keys_c)
+    below = (full < floor_c[:, None]).sum(dim=1)
+    assert bool((below <= 7).all())

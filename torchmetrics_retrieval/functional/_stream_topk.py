@@ -32,6 +32,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from torchmetrics_retrieval.functional import _compiled_buffer
+from torchmetrics_retrieval.functional._compiled_buffer import CompiledBuffer
+
 __all__ = ["buffer_width", "sample_thresholds", "stream_topk", "stream_topk_symmetric"]
 
 #: Masks the excluded pairs of a block in place: (keys, query rows, gallery columns).
@@ -207,7 +210,14 @@ class _Buffer:
         return self.keys[:, : self.kp].clone(), self.indices[:, : self.kp].long(), self.tau.clone()
 
 
-def _add(buffer: _Buffer, rows: slice, keys: Tensor, col0: int) -> None:
+def _new_buffer(kp: int, tau: Tensor) -> _Buffer | CompiledBuffer:
+    """Compiled scans on the CPU (when numba is there), torch passes elsewhere."""
+    if _compiled_buffer.available(tau.device):
+        return CompiledBuffer(kp, tau, buffer_width(kp))
+    return _Buffer(kp, tau)
+
+
+def _add(buffer: _Buffer | CompiledBuffer, rows: slice, keys: Tensor, col0: int) -> None:
     if buffer.filling(rows):
         buffer.add_dense(rows, keys, col0)
     else:
@@ -292,7 +302,7 @@ def stream_topk(
 
     n_query, n_gallery = query.shape[0], gallery.shape[0]
     tau, _ = sample_thresholds(n_query, n_gallery, key_fn, kp, mask_fn, rows_per_chunk, estimate)
-    buffer = _Buffer(kp, tau)
+    buffer = _new_buffer(kp, tau)
     for q0 in range(0, n_query, rows_per_chunk):
         rows = slice(q0, min(q0 + rows_per_chunk, n_query))
         for g0 in range(0, n_gallery, cols_per_block):
@@ -324,7 +334,7 @@ def stream_topk_symmetric(
     tau, _ = sample_thresholds(
         n, n, lambda rows, cols: left[rows] @ right[cols].T, kp, mask_fn, rows_per_chunk, estimate
     )
-    buffer = _Buffer(kp, tau)
+    buffer = _new_buffer(kp, tau)
     for i0 in range(0, n, rows_per_chunk):
         rows = slice(i0, min(i0 + rows_per_chunk, n))
         diagonal = left[rows] @ right[rows].T

@@ -17,6 +17,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 from torch import Tensor
 
+from torchmetrics_retrieval.functional import _compiled_buffer
 from torchmetrics_retrieval.functional._checks import (
     check_choice,
     check_embeddings,
@@ -304,12 +305,13 @@ def distance_blocks(
 MIN_MARGIN = 2
 MARGIN_DIVISOR = 32
 MAX_MARGIN = 64
-#: Safety factor on the worst-case float32 rounding bound of the stage-1 keys.
-TOLERANCE_FACTOR = 2.0
+#: Margin on the worst-case float32 rounding bound of the stage-1 keys (see ``_key_tolerance``).
+TOLERANCE_FACTOR = 1.5
 #: Rows and columns of a stage-1 block of the torch backend (measured with benchmarks/bench_knn.py).
 STAGE1_ROWS = 512
 STAGE1_COLUMNS = 4096
-#: ``auto`` uses the symmetric torch stage from this many samples and up to this many candidates per query.
+#: Without compiled scans, ``auto`` uses the symmetric torch stage from this many samples and up to this
+#: many candidates per query.
 AUTO_TORCH_MIN_N = 60_000
 AUTO_TORCH_MAX_KP = 48
 #: Largest candidate buffer (bytes) of the symmetric search, which holds every query's candidates at once.
@@ -724,17 +726,21 @@ def _canonical_distances(problem: _Problem, rows: Tensor, pair_rows: Tensor, pai
 def _key_tolerance(problem: _Problem, rows: Tensor) -> Tensor:
     """A rigorous bound on |stage-1 key - exact key| of every pair of these queries, ``(R,)`` float64.
 
-    Float32 inner products of length D err by at most ``D * eps * |q| |g|``; the norms, the addition of
-    the bias, the normalisation (cosine) and the cast of the inputs to float32 at most a few ``D * eps``
-    more, so ``(2 D + 8) * eps * scale`` bounds it, times ``TOLERANCE_FACTOR`` for safety.
+    With ``u = 2**-24`` (float32 unit roundoff), an inner product of n terms errs by at most
+    ``n u sum|a_i b_i| <= n u |a| |b|`` in any summation order. Every stage-1 key is at most one such
+    product over D + 2 augmented terms plus float32 norms (D terms each) and a few roundings, and the
+    worst path (the symmetric torch stage: ``2 <[x, |x|^2/2, 1], [-y, 1, |y|^2/2]> - |x|^2``, or a faiss
+    range search whose query carries its threshold) stays below ``(3 D + 8) u scale``, with ``scale``
+    ``(|q| + max |g|)^2`` (L2), ``|q| max |g|`` (dot) or 1 (cosine, which adds the normalisation of the
+    rows). ``TOLERANCE_FACTOR`` adds a margin on top.
     """
-    eps = torch.finfo(torch.float32).eps * (2 * problem.query.shape[1] + 8) * TOLERANCE_FACTOR
+    unit = 2.0**-24 * (3 * problem.query.shape[1] + 8) * TOLERANCE_FACTOR
     q_norm, g_norm = problem.query_sq64[rows].sqrt(), problem.gallery_sq64.max().sqrt()
     if problem.distance == "cosine":
-        return torch.full_like(q_norm, eps)
+        return torch.full_like(q_norm, unit)
     if problem.distance == "dot":
-        return eps * q_norm * g_norm
-    return eps * (q_norm + g_norm) ** 2
+        return unit * q_norm * g_norm
+    return unit * (q_norm + g_norm) ** 2
 
 
 def _key_to_distance(problem: _Problem, rows: Tensor, keys: Tensor) -> Tensor:
@@ -870,17 +876,20 @@ def _check_magnitude(name: str, x: Tensor) -> None:
 
 def _resolve_backend(backend: str, problem: _Problem, kp: int) -> str:
     if backend == "auto":
-        # Measured on 2 CPU cores, one thread each (whole knn calls relative to a bare faiss IndexFlatL2
-        # search, D = 128, clustered data): the symmetric torch stage (a set against itself, each distance
-        # block computed once) took 1.01x at N = 60k, K = 19 against 1.13x for the faiss stage, but 1.2x
-        # against 1.1x at N = 30k and 1.9x against 1.5x at N = 30k, K = 299, where the candidates that
-        # pass the thresholds grow. So: torch for large leave-one-out searches with few candidates, for
-        # search groups and off the CPU; faiss otherwise.
+        # Measured on 2 CPU cores, one thread each (whole knn calls against a bare faiss IndexFlatL2 search,
+        # D = 128, clustered data; benchmarks/README.md). With the compiled scans, the torch stage wins for
+        # a set searched against itself (each distance block computed once: 0.95x vs 1.02x at N = 30k,
+        # K = 19; 1.14x vs 1.29x at K = 299) and for large K against a gallery (1.30x vs 1.39x at K = 299),
+        # and faiss for small K against a gallery (1.06x vs 1.22x). Without them (no numba), the torch
+        # scans only win for large leave-one-out searches with few candidates. Search groups and tensors
+        # off the CPU always take the torch stage.
         cpu = problem.query.device.type == "cpu"
-        large_symmetric = problem.symmetric and problem.query.shape[0] >= AUTO_TORCH_MIN_N and kp <= AUTO_TORCH_MAX_KP
-        if large_symmetric or not cpu or problem.exclusions.search_groups is not None:
+        if not cpu or problem.exclusions.search_groups is not None:
             return "torch"
-        return "faiss"
+        if _compiled_buffer.available(problem.query.device):
+            return "torch" if problem.symmetric or kp >= RANGE_MIN_KP else "faiss"
+        large_symmetric = problem.symmetric and problem.query.shape[0] >= AUTO_TORCH_MIN_N and kp <= AUTO_TORCH_MAX_KP
+        return "torch" if large_symmetric else "faiss"
     if backend == "torch":
         return "torch"
     if problem.exclusions.search_groups is not None:
@@ -934,7 +943,8 @@ def knn(
     :math:`-\langle q,g\rangle`.
 
     How: stage 1 finds ``K + margin`` candidates per query with float32 keys (torch: blocked ``addmm`` with
-    a running per-row threshold, first estimated from a sample; faiss: a flat index); stage 2 recomputes
+    a running per-row threshold, first estimated from a sample, scanned by compiled code on the CPU; faiss:
+    a flat index, with a range search below estimated thresholds for large K); stage 2 recomputes
     their distances canonically in float64 and sorts them; a certificate (the K-th distance is below what
     any non-candidate can reach, given a rigorous float32 rounding bound) proves the answer exact, and the
     rows without a certificate (near-ties at the boundary, or an estimate that fell short) are searched
@@ -954,9 +964,9 @@ def knn(
             ``gallery`` is None, else a ``(query_side (Q,), gallery_side (G,))`` pair.
         search_groups: integer ids; only items of the query's group are searched. Same form as
             ``sequence_ids``.
-        backend: ``"auto"`` (the fastest in our benchmark: torch for large sets searched against themselves
-            with small K, where each distance block is computed once, for search groups and off the CPU;
-            faiss otherwise),
+        backend: ``"auto"`` (the fastest in our benchmark: on the CPU with compiled scans, torch for a set
+            searched against itself, where each distance block is computed once, and for large K; torch for
+            search groups and off the CPU; faiss otherwise),
             ``"torch"`` or ``"faiss"`` (CPU, or GPU with faiss-gpu; falls back to torch with a warning for
             search groups or CUDA tensors without faiss-gpu).
         chunk_size: int >= 1, caps the query rows and gallery columns of a block (testing, memory).
