@@ -25,6 +25,7 @@ from torchmetrics_retrieval.functional._checks import (
     check_same_length,
     describe,
 )
+from torchmetrics_retrieval.functional._compiled_order import order_runs, sort_by_key
 from torchmetrics_retrieval.functional._precision import ieee_float32_matmul
 from torchmetrics_retrieval.functional._stream_topk import (
     buffer_width,
@@ -797,6 +798,8 @@ def _rank(problem: _Problem, rows: Tensor, candidates: _Candidates, k: int, exac
     """
     indices, ok, floor, keys = candidates
     tolerance = _key_tolerance(problem, rows)
+    if not exact_distances and _compiled_buffer.available(ok.device) and int(problem.gallery.shape[0]) < 2**31:
+        return _rank_compiled(problem, rows, candidates, k, tolerance)
     if exact_distances:
         recompute = ok
     else:
@@ -823,6 +826,38 @@ def _rank(problem: _Problem, rows: Tensor, candidates: _Candidates, k: int, exac
     last = order[:, -1:]
     last_upper = _key_to_distance(problem, rows, keys.gather(1, last).squeeze(1).to(torch.float64) + tolerance)
     last_upper = torch.where(recompute.gather(1, last).squeeze(1), distances[:, -1], last_upper.to(dtype))
+    separated = (n_found >= k) & (last_upper < bound)
+    return _Ranked(distances, chosen, valid, covered | separated)
+
+
+def _rank_compiled(problem: _Problem, rows: Tensor, candidates: _Candidates, k: int, tolerance: Tensor) -> _Ranked:
+    """:func:`_rank` without exact distances, ordered by the compiled kernels of ``_compiled_order``."""
+    indices, ok, floor, keys = candidates
+    keys32 = keys.to(torch.float32).masked_fill(~ok, float("inf"))
+    near_limit = (
+        2.0 * tolerance - problem.query_sq64[rows]  # L2: key + |q|^2 <= 2 tol, a near duplicate
+        if problem.distance in ("euclidean", "sqeuclidean")
+        else torch.full_like(tolerance, -float("inf"))
+    )
+    keys32, items, near = sort_by_key(keys32, indices.masked_fill(~ok, 0), 2.0 * tolerance, near_limit)
+    ok = torch.isfinite(keys32)
+    near &= ok
+    dtype = problem.query.dtype
+    values = torch.zeros(keys32.shape, dtype=dtype)
+    pair_rows, slots = torch.nonzero(near, as_tuple=True)
+    values[pair_rows, slots] = _canonical_distances(problem, rows, pair_rows, items[pair_rows, slots]).to(dtype)
+    order = order_runs(values, items, near)[:, :k]
+    valid, recomputed = ok.gather(1, order), near.gather(1, order)
+    key_k = keys32.gather(1, order).to(torch.float64)
+    distances = torch.where(recomputed, values.gather(1, order), _key_to_distance(problem, rows, key_k).to(dtype))
+    distances.masked_fill_(~valid, float("inf"))
+    chosen = items.gather(1, order).masked_fill_(~valid, 0)
+    # The certificate of :func:`_rank`.
+    n_found = ok.sum(dim=1)
+    covered = n_found >= problem.n_eligible[rows]
+    bound = _key_to_distance(problem, rows, floor.to(torch.float64) - tolerance).to(dtype)
+    last_upper = _key_to_distance(problem, rows, key_k[:, -1] + tolerance).to(dtype)
+    last_upper = torch.where(recomputed[:, -1], distances[:, -1], last_upper)
     separated = (n_found >= k) & (last_upper < bound)
     return _Ranked(distances, chosen, valid, covered | separated)
 

@@ -1,0 +1,27 @@
+"""The compiled stage-2 ordering kernels on hand-made rows (knn's tests cover them end to end)."""
+
+from __future__ import annotations
+
+import torch
+
+from torchmetrics_retrieval.functional._compiled_order import order_runs, sort_by_key
+
+INF = float("inf")
+
+
+def test_sort_by_key_orders_rows_and_flags_near_keys() -> None:
+    keys = torch.tensor([[0.5, 0.1, 0.3, 0.3000001, INF], [-2.0, -1.0, -0.5, -3.0, -1.0]])
+    items = torch.tensor([[4, 7, 2, 9, 0], [1, 2, 3, 4, 0]])
+    gap = torch.tensor([1e-3, 1e-3], dtype=torch.float64)
+    near_limit = torch.tensor([0.2, -INF], dtype=torch.float64)  # row 0: keys <= 0.2 are near as well
+    sorted_keys, sorted_items, near = sort_by_key(keys, items, gap, near_limit)
+    assert torch.equal(sorted_keys, keys.sort(dim=1).values)
+    assert sorted_items.tolist() == [[7, 2, 9, 4, 0], [4, 1, 0, 2, 3]]  # equal keys by item
+    assert near.tolist() == [[True, True, True, False, False], [False, False, True, True, False]]
+
+
+def test_order_runs_sorts_each_run_by_value_then_item() -> None:
+    values = torch.tensor([[9.0, 0.31, 0.30, 9.0, 0.7, 0.7], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]])
+    items = torch.tensor([[5, 1, 2, 3, 8, 4], [0, 1, 2, 3, 4, 5]])
+    near = torch.tensor([[False, True, True, False, True, True], [False] * 6])
+    assert order_runs(values, items, near).tolist() == [[0, 2, 1, 3, 5, 4], [0, 1, 2, 3, 4, 5]]
