@@ -381,9 +381,27 @@ def test_query_chunks_keep_only_per_query_values(monkeypatch: pytest.MonkeyPatch
     extra = {"is_query": torch.arange(90) % 3 != 0, "is_gallery": torch.arange(90) % 4 != 1} if masks else {}
     whole, _ = retrieval_metrics(x, y, sequence_ids=seq, return_per_query=True, **extra, **ALL_RANKING)
     monkeypatch.setattr(retrieval_module, "NEIGHBOUR_TABLE_BYTES", 2000)  # a few queries per chunk
+    monkeypatch.setattr(retrieval_module, "symmetric_search_fits", lambda n, k: False)
     searches = []
     search = retrieval_module._search
     monkeypatch.setattr(retrieval_module, "_search", lambda *a, **kw: searches.append(1) or search(*a, **kw))
     chunked = retrieval_metrics(x, y, sequence_ids=seq, **extra, **ALL_RANKING)
     assert len(searches) > 5
     assert {k: v.item() for k, v in chunked.items()} == pytest.approx({k: v.item() for k, v in whole.items()})
+
+
+def test_leave_one_out_takes_one_symmetric_pass_when_its_buffer_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torchmetrics_retrieval.functional.retrieval as retrieval_module
+
+    g = torch.Generator().manual_seed(6)
+    x, y = torch.randn(90, 6, generator=g), torch.randint(0, 6, (90,), generator=g)
+    whole, _ = retrieval_metrics(x, y, return_per_query=True, **ALL_RANKING)
+    monkeypatch.setattr(retrieval_module, "NEIGHBOUR_TABLE_BYTES", 2000)  # the table alone would be chunked
+    searches: list[bool] = []
+    search = retrieval_module._search
+    monkeypatch.setattr(
+        retrieval_module, "_search", lambda *a, **kw: searches.append(kw["symmetric"]) or search(*a, **kw)
+    )
+    once = retrieval_metrics(x, y, **ALL_RANKING)
+    assert searches == [True]
+    assert {k: v.item() for k, v in once.items()} == pytest.approx({k: v.item() for k, v in whole.items()})

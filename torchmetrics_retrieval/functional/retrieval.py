@@ -31,7 +31,15 @@ from torchmetrics_retrieval.functional._checks import (
 )
 from torchmetrics_retrieval.functional._full_ranking import relevant_ranks
 from torchmetrics_retrieval.functional._sets import PairedIds, QueryGallery, split_query_gallery
-from torchmetrics_retrieval.functional.knn import BACKENDS, DISTANCES, Distance, KNNBackend, KNNResult, knn
+from torchmetrics_retrieval.functional.knn import (
+    BACKENDS,
+    DISTANCES,
+    Distance,
+    KNNBackend,
+    KNNResult,
+    knn,
+    symmetric_search_fits,
+)
 from torchmetrics_retrieval.functional.reduction import (
     EMPTY_TARGET_ACTIONS,
     EmptyTargetAction,
@@ -271,8 +279,9 @@ def retrieval_per_query(
 
     Arguments as in :func:`retrieval_metrics`, with the options given as a :class:`RetrievalOptions`.
     With ``keep_neighbours=False`` a ``(Q, K)`` neighbour table larger than ``NEIGHBOUR_TABLE_BYTES`` is
-    never held whole: queries are searched in chunks and only their per-query values are kept (the
-    result's ``indices``, ``distances``, ``valid`` and ``is_relevant`` then have zero columns). The
+    never held whole (unless a leave-one-out search takes the symmetric pass, whose candidate buffer is
+    larger): queries are searched in chunks and only their per-query values are kept (the result's
+    ``indices``, ``distances``, ``valid`` and ``is_relevant`` then have zero columns). The
     search then also skips the float64 recomputation of distances that the ranking does not need
     (``knn(..., exact_distances=False)``): the neighbours are the same, a kept table's distances are
     those of the float32 search, within its rounding bound.
@@ -306,7 +315,12 @@ def retrieval_per_query(
         k = max(k, int(n_relevant.max()))
     leave_one_out = gallery is None and is_query is None and is_gallery is None
     n_query, n_candidates = qg.query.shape[0], _gallery_sizes(qg)
-    if keep_neighbours or n_query * k * _NEIGHBOUR_BYTES <= NEIGHBOUR_TABLE_BYTES:
+    # A leave-one-out search whose symmetric candidate buffer fits holds more than the table anyway, and one
+    # symmetric pass computes each distance once, where query chunks would compute every one twice.
+    one_pass = n_query * k * _NEIGHBOUR_BYTES <= NEIGHBOUR_TABLE_BYTES or (
+        leave_one_out and symmetric_search_fits(n_query, k)
+    )
+    if keep_neighbours or one_pass:
         found = _search(qg, options, k, None, symmetric=leave_one_out, exact_distances=keep_neighbours)
         is_relevant = relevance_matrix(
             qg.query_labels, qg.gallery_labels, found.indices, found.valid, options.label_comparison_fn
