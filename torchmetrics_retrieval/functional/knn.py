@@ -833,17 +833,37 @@ def _rank(problem: _Problem, rows: Tensor, candidates: _Candidates, k: int, exac
     valid = ok.gather(1, order)
     distances = values.gather(1, order).masked_fill_(~valid, float("inf"))
     chosen = indices.gather(1, order).masked_fill_(~valid, 0)
-    # Certificate: every eligible non-candidate has a key >= the floor, so an exact distance >= ``bound``;
-    # the answer is exact when the K-th distance is below it (or nothing is left). A K-th distance taken
-    # from a key is only known up to the key's rounding bound: its upper end must be below ``bound``.
+    last = order[:, -1:]
+    certified = _certified(
+        problem, rows, ok, floor, tolerance, k, distances, keys.gather(1, last), recompute.gather(1, last)
+    )
+    return _Ranked(distances, chosen, valid, certified)
+
+
+def _certified(
+    problem: _Problem,
+    rows: Tensor,
+    ok: Tensor,
+    floor: Tensor,
+    tolerance: Tensor,
+    k: int,
+    distances: Tensor,
+    last_key: Tensor,
+    last_recomputed: Tensor,
+) -> Tensor:
+    """``(R,)`` bool: the ranked rows that are provably the exact answer.
+
+    Every eligible non-candidate has a key >= the floor, so an exact distance >= ``bound``; the answer is
+    exact when the K-th distance is below it (or nothing is left). A K-th distance taken from a key
+    (``last_recomputed`` False) is only known up to the key's rounding bound: its upper end must be below.
+    """
     n_found = ok.sum(dim=1)
     covered = n_found >= problem.n_eligible[rows]
+    dtype = distances.dtype
     bound = _key_to_distance(problem, rows, floor.to(torch.float64) - tolerance).to(dtype)
-    last = order[:, -1:]
-    last_upper = _key_to_distance(problem, rows, keys.gather(1, last).squeeze(1).to(torch.float64) + tolerance)
-    last_upper = torch.where(recompute.gather(1, last).squeeze(1), distances[:, -1], last_upper.to(dtype))
-    separated = (n_found >= k) & (last_upper < bound)
-    return _Ranked(distances, chosen, valid, covered | separated)
+    upper = _key_to_distance(problem, rows, last_key.reshape(-1).to(torch.float64) + tolerance).to(dtype)
+    upper = torch.where(last_recomputed.reshape(-1), distances[:, -1], upper)
+    return covered | ((n_found >= k) & (upper < bound))
 
 
 def _rank_compiled(problem: _Problem, rows: Tensor, candidates: _Candidates, k: int, tolerance: Tensor) -> _Ranked:
@@ -868,14 +888,8 @@ def _rank_compiled(problem: _Problem, rows: Tensor, candidates: _Candidates, k: 
     distances = torch.where(recomputed, values.gather(1, order), _key_to_distance(problem, rows, key_k).to(dtype))
     distances.masked_fill_(~valid, float("inf"))
     chosen = items.gather(1, order).masked_fill_(~valid, 0)
-    # The certificate of :func:`_rank`.
-    n_found = ok.sum(dim=1)
-    covered = n_found >= problem.n_eligible[rows]
-    bound = _key_to_distance(problem, rows, floor.to(torch.float64) - tolerance).to(dtype)
-    last_upper = _key_to_distance(problem, rows, key_k[:, -1] + tolerance).to(dtype)
-    last_upper = torch.where(recomputed[:, -1], distances[:, -1], last_upper)
-    separated = (n_found >= k) & (last_upper < bound)
-    return _Ranked(distances, chosen, valid, covered | separated)
+    certified = _certified(problem, rows, ok, floor, tolerance, k, distances, key_k[:, -1], recomputed[:, -1])
+    return _Ranked(distances, chosen, valid, certified)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
