@@ -18,11 +18,10 @@ from torchmetrics_retrieval.functional.knn import DISTANCES, Distance, KNNBacken
 @pytest.fixture(autouse=True, scope="module", params=["compiled scans", "torch scans"])
 def scan_engine(request: pytest.FixtureRequest) -> Iterator[str]:
     """Every test twice: stage-1 buffers filled by the compiled (numba) scans, and by torch passes."""
-    saved = _compiled_buffer.available
-    if request.param == "torch scans":
-        _compiled_buffer.available = lambda device: False
+    saved = _compiled_buffer.MIN_PAIRS
+    _compiled_buffer.MIN_PAIRS = 0 if request.param == "compiled scans" else 2**62  # whatever the size
     yield request.param
-    _compiled_buffer.available = saved
+    _compiled_buffer.MIN_PAIRS = saved
 
 
 # ----------------------------------------------------------------------------------------------------------------------

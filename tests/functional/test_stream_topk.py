@@ -81,7 +81,7 @@ def test_compiled_and_torch_buffers_keep_the_same_best_keys(monkeypatch: pytest.
         keys.masked_fill_(positions == columns, float("inf"))
 
     def run(compiled: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        monkeypatch.setattr(_compiled_buffer, "available", lambda device: compiled)
+        monkeypatch.setattr(_compiled_buffer, "MIN_PAIRS", 0 if compiled else 2**62)
         return stream_topk_symmetric(left, right, 7, mask, rows_per_chunk=256, cols_per_block=512, estimate=estimate)
 
     (keys_c, items_c, floor_c), (keys_t, _, floor_t) = run(True), run(False)
@@ -93,3 +93,12 @@ def test_compiled_and_torch_buffers_keep_the_same_best_keys(monkeypatch: pytest.
     assert torch.equal(full.gather(1, items_c), keys_c)
     below = (full < floor_c[:, None]).sum(dim=1)
     assert bool((below <= 7).all())
+
+
+def test_compiled_kernels_serve_large_cpu_searches_only() -> None:
+    cpu = torch.device("cpu")
+    side = math.isqrt(_compiled_buffer.MIN_PAIRS)
+    assert not _compiled_buffer.available(cpu, 1797, 1797)  # the demo: loading the kernels would cost more
+    assert _compiled_buffer.available(cpu, side, side)
+    assert not _compiled_buffer.available(torch.device("meta"), side, side)
+    assert not _compiled_buffer.available(cpu, 1, 2**31)  # positions are stored as int32

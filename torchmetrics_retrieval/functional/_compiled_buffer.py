@@ -26,9 +26,15 @@ except ImportError:  # pragma: no cover - exercised by monkeypatching `available
     numba = None  # type: ignore[assignment]
 
 
-def available(device: torch.device) -> bool:
-    """Whether compiled scans can serve tensors on ``device``."""
-    return numba is not None and device.type == "cpu"
+#: Smallest search (query x gallery pairs) that takes the compiled kernels: below it, loading them (about
+#: 1 s per process from numba's on-disk cache, about 6 s to compile on first use) costs more than they save.
+MIN_PAIRS = 2**26
+
+
+def available(device: torch.device, n_query: int, n_gallery: int) -> bool:
+    """Whether compiled kernels serve a search of ``n_query`` x ``n_gallery`` on ``device`` (positions are
+    stored as int32)."""
+    return numba is not None and device.type == "cpu" and n_query * n_gallery >= MIN_PAIRS and n_gallery < 2**31
 
 
 def _kernels() -> dict[str, Any]:

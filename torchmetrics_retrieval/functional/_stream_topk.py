@@ -212,9 +212,9 @@ class _Buffer:
         return self.keys[:, : self.kp].clone(), self.indices[:, : self.kp].long(), self.tau.clone()
 
 
-def _new_buffer(kp: int, tau: Tensor) -> _Buffer | CompiledBuffer:
-    """Compiled scans on the CPU (when numba is there), torch passes elsewhere."""
-    if _compiled_buffer.available(tau.device):
+def _new_buffer(kp: int, tau: Tensor, n_gallery: int) -> _Buffer | CompiledBuffer:
+    """Compiled scans on the CPU for large searches (when numba is there), torch passes elsewhere."""
+    if _compiled_buffer.available(tau.device, tau.shape[0], n_gallery):
         return CompiledBuffer(kp, tau, buffer_width(kp))
     return _Buffer(kp, tau)
 
@@ -304,7 +304,7 @@ def stream_topk(
 
     n_query, n_gallery = query.shape[0], gallery.shape[0]
     tau, _ = sample_thresholds(n_query, n_gallery, key_fn, kp, mask_fn, rows_per_chunk, estimate)
-    buffer = _new_buffer(kp, tau)
+    buffer = _new_buffer(kp, tau, n_gallery)
     for q0 in range(0, n_query, rows_per_chunk):
         rows = slice(q0, min(q0 + rows_per_chunk, n_query))
         for g0 in range(0, n_gallery, cols_per_block):
@@ -336,7 +336,7 @@ def stream_topk_symmetric(
     tau, _ = sample_thresholds(
         n, n, lambda rows, cols: left[rows] @ right[cols].T, kp, mask_fn, rows_per_chunk, estimate
     )
-    buffer = _new_buffer(kp, tau)
+    buffer = _new_buffer(kp, tau, n)
     for i0 in range(0, n, rows_per_chunk):
         rows = slice(i0, min(i0 + rows_per_chunk, n))
         diagonal = left[rows] @ right[rows].T

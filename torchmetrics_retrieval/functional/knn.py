@@ -814,7 +814,7 @@ def _rank(problem: _Problem, rows: Tensor, candidates: _Candidates, k: int, exac
     """
     indices, ok, floor, keys = candidates
     tolerance = _key_tolerance(problem, rows)
-    if not exact_distances and _compiled_buffer.available(ok.device) and int(problem.gallery.shape[0]) < 2**31:
+    if not exact_distances and _compiled_buffer.available(ok.device, problem.query.shape[0], problem.gallery.shape[0]):
         return _rank_compiled(problem, rows, candidates, k, tolerance)
     if exact_distances:
         recompute = ok
@@ -951,7 +951,7 @@ def _resolve_backend(backend: str, problem: _Problem, kp: int) -> str:
         cpu = problem.query.device.type == "cpu"
         if not cpu or problem.exclusions.search_groups is not None:
             return "torch"
-        if _compiled_buffer.available(problem.query.device):
+        if _compiled_buffer.available(problem.query.device, problem.query.shape[0], problem.gallery.shape[0]):
             return "torch" if problem.symmetric or kp >= RANGE_MIN_KP else "faiss"
         large_symmetric = problem.symmetric and problem.query.shape[0] >= AUTO_TORCH_MIN_N and kp <= AUTO_TORCH_MAX_KP
         return "torch" if large_symmetric else "faiss"
