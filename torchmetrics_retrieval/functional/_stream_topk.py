@@ -4,7 +4,9 @@ Each query keeps a running buffer of candidates and a threshold ``tau``: every k
 is not in the buffer is >= ``tau``. A new block of keys is compared once against ``tau`` and only the
 few entries below it are extracted and appended; the buffer is cut back to its best ``kp`` by one
 ``topk`` when it fills up, which lowers ``tau`` to the ``kp``-th key. While ``tau`` is +inf (no
-threshold yet) a query's block rows go through a dense ``topk``.
+threshold yet) a query's block rows go through a dense ``topk``. For large searches on the CPU the same
+buffer is a :class:`~torchmetrics_retrieval.functional._compiled_buffer.CompiledBuffer`, whose compiled
+scans do the compare-and-append of a block in one pass.
 
 The first ``tau`` comes from a strided sample of the gallery: its ``kp``-th key (a proven upper bound of
 the ``kp``-th key over the whole gallery) or, with ``estimate=True``, a lower sample rank chosen so that
