@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from torchmetrics_retrieval.functional import _compiled_buffer
+from torchmetrics_retrieval.functional import _compiled_buffer, knn
 from torchmetrics_retrieval.functional._stream_topk import (
     SAMPLE,
     SEGMENT,
@@ -102,3 +102,13 @@ def test_compiled_kernels_serve_large_cpu_searches_only() -> None:
     assert _compiled_buffer.available(cpu, side, side)
     assert not _compiled_buffer.available(torch.device("meta"), side, side)
     assert not _compiled_buffer.available(cpu, 1, 2**31)  # positions are stored as int32
+
+
+def test_without_numba_the_torch_buffer_serves(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_compiled_buffer, "HAS_NUMBA", False)
+    monkeypatch.setattr(_compiled_buffer, "MIN_PAIRS", 0)
+    assert not _compiled_buffer.available(torch.device("cpu"), 10**5, 10**5)
+    x = torch.randn(300, 4, generator=torch.Generator().manual_seed(7))
+    result = knn(x, k=3, backend="torch", exact_distances=False)
+    d = torch.cdist(x.double(), x.double()).fill_diagonal_(float("inf"))
+    assert torch.equal(result.indices, torch.sort(d, dim=1, stable=True).indices[:, :3])

@@ -7,23 +7,23 @@ as :class:`~torchmetrics_retrieval.functional._stream_topk._Buffer`, which needs
 (compare, nonzero, gather, topk) per block and costs more than the matrix product at large ``kp``.
 
 The block's keys come from torch (a matrix product on the CPU); numba compiles the scans on first use and
-caches them on disk. Without numba, or off the CPU, the torch buffer is used.
+caches them on disk. Without numba, off the CPU or for small searches, the torch buffer is used.
 """
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["CompiledBuffer", "available"]
+__all__ = ["CompiledBuffer", "available", "cached_njit"]
 
-try:  # numba is a dependency, but the torch buffer still works without it
-    import numba
-except ImportError:  # pragma: no cover - exercised by monkeypatching `available`
-    numba = None  # type: ignore[assignment]
+#: numba is a dependency, but the torch buffer still works without it; it is imported on first use only.
+HAS_NUMBA = importlib.util.find_spec("numba") is not None
 
 
 #: Smallest search (query x gallery pairs) that takes the compiled kernels: below it, loading them (about
@@ -34,14 +34,21 @@ MIN_PAIRS = 2**26
 def available(device: torch.device, n_query: int, n_gallery: int) -> bool:
     """Whether compiled kernels serve a search of ``n_query`` x ``n_gallery`` on ``device`` (positions are
     stored as int32)."""
-    return numba is not None and device.type == "cpu" and n_query * n_gallery >= MIN_PAIRS and n_gallery < 2**31
+    return HAS_NUMBA and device.type == "cpu" and n_query * n_gallery >= MIN_PAIRS and n_gallery < 2**31
+
+
+def cached_njit() -> Callable[[Any], Any]:
+    """numba's ``njit`` as our kernels use it: cached on disk, without the GIL."""
+    import numba  # imported here: a second's worth of import for processes that never need it
+
+    return numba.njit(cache=True, nogil=True)
 
 
 def _kernels() -> dict[str, Any]:
     """The compiled kernels (defined on first use so that importing this module never compiles)."""
     if _KERNELS:
         return _KERNELS
-    jit = numba.njit(cache=True, nogil=True)
+    jit = cached_njit()
 
     @jit
     def compact(keys, items, fill, tau, row, kp):

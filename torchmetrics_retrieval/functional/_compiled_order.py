@@ -29,7 +29,7 @@ def _kernels() -> dict[str, Any]:
     """The compiled kernels (defined on first use so that importing this module never compiles)."""
     if _KERNELS:
         return _KERNELS
-    jit = _compiled_buffer.numba.njit(cache=True, nogil=True)
+    jit = _compiled_buffer.cached_njit()
 
     @jit
     def sort_rows(key_bits, items, gap, near_limit, sorted_keys, sorted_items, near):
