@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import hypothesis.strategies as st
 import pytest
@@ -215,33 +216,31 @@ def test_larger_random_float_data_both_backends() -> None:
     assert a.indices[10, 0] == 20 and a.distances[10, 0] == 0.0
 
 
+KNN_MODULE = sys.modules[knn.__module__]  # the submodule: `functional.knn` is the function after import
+
+
+def spy(monkeypatch: pytest.MonkeyPatch, owner: object, name: str, note: Callable[[tuple, Any], Any]) -> list[Any]:
+    """Wrap ``owner.name``: every call runs as before, and ``note(arguments, result)`` is recorded."""
+    notes: list[Any] = []
+    original = getattr(owner, name)
+
+    def recording(*args: Any) -> Any:
+        result = original(*args)
+        notes.append(note(args, result))
+        return result
+
+    monkeypatch.setattr(owner, name, recording)
+    return notes
+
+
 def record_rounds(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
-    """Patch the stage-2 ranking to record (rows ranked, rows left uncertified) of every round."""
-    knn_module = sys.modules[knn.__module__]  # the submodule: `functional.knn` is the function after import
-    rounds: list[tuple[int, int]] = []
-    rank = knn_module._rank
-
-    def recording_rank(problem, rows, candidates, k, exact_distances):  # type: ignore[no-untyped-def]
-        ranked = rank(problem, rows, candidates, k, exact_distances)
-        rounds.append((rows.numel(), int((~ranked.certified).sum())))
-        return ranked
-
-    monkeypatch.setattr(knn_module, "_rank", recording_rank)
-    return rounds
+    """(rows ranked, rows left uncertified) of every stage-2 ranking."""
+    return spy(monkeypatch, KNN_MODULE, "_rank", lambda args, ranked: (args[1].numel(), int((~ranked.certified).sum())))
 
 
 def record_range_searches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Patch the faiss stage's range search to record the number of rows of every call."""
-    stage = sys.modules[knn.__module__]._FaissStage
-    calls: list[int] = []
-    search = stage._range
-
-    def recording_range(self, rows, kp):  # type: ignore[no-untyped-def]
-        calls.append(rows.numel())
-        return search(self, rows, kp)
-
-    monkeypatch.setattr(stage, "_range", recording_range)
-    return calls
+    """The number of rows of every range search of the faiss stage."""
+    return spy(monkeypatch, KNN_MODULE._FaissStage, "_range", lambda args, _: args[1].numel())
 
 
 def assert_first_rows_match_reference(result, x: Tensor, k: int, step: int) -> None:  # type: ignore[no-untyped-def]
@@ -315,24 +314,9 @@ def test_faiss_range_search_with_exclusions_matches_reference(
     positions = torch.arange(0, 3000, 40)
     ranged = record_range_searches(monkeypatch)
     sequences = torch.arange(3000) // 7
-    result = knn(
-        gallery[positions],
-        gallery,
-        70,
-        distance=distance,
-        exclude_self=positions,
-        sequence_ids=(sequences[positions], sequences),
-        backend="faiss",
-    )
-    by_torch = knn(
-        gallery[positions],
-        gallery,
-        70,
-        distance=distance,
-        exclude_self=positions,
-        sequence_ids=(sequences[positions], sequences),
-        backend="torch",
-    )
+    search = {"distance": distance, "exclude_self": positions, "sequence_ids": (sequences[positions], sequences)}
+    result = knn(gallery[positions], gallery, 70, backend="faiss", **search)
+    by_torch = knn(gallery[positions], gallery, 70, backend="torch", **search)
     assert ranged == [positions.numel()]
     for u, v in zip(result, by_torch, strict=True):
         assert torch.equal(u, v)
@@ -375,15 +359,7 @@ def test_search_groups_restrict_the_gallery() -> None:
 
 
 def test_auto_backend_choice(monkeypatch: pytest.MonkeyPatch, scan_engine: str) -> None:
-    knn_module = sys.modules[knn.__module__]
-    chosen: list[str] = []
-    resolve = knn_module._resolve_backend
-
-    def recording(backend, problem, kp):  # type: ignore[no-untyped-def]
-        chosen.append(resolve(backend, problem, kp))
-        return chosen[-1]
-
-    monkeypatch.setattr(knn_module, "_resolve_backend", recording)
+    chosen = spy(monkeypatch, KNN_MODULE, "_resolve_backend", lambda _, engine: engine)
     x = torch.randn(200, 4, generator=torch.Generator().manual_seed(0))
     knn(x, k=5)  # the set against itself
     knn(x[:50], x, k=5)  # small K against a gallery

@@ -37,12 +37,12 @@ from torch import Tensor
 from torchmetrics_retrieval.functional import _compiled_buffer
 from torchmetrics_retrieval.functional._compiled_buffer import CompiledBuffer
 
-__all__ = ["buffer_width", "sample_thresholds", "stream_topk", "stream_topk_symmetric"]
+__all__ = ["addmm_keys", "buffer_width", "sample_thresholds", "stream_topk", "stream_topk_symmetric"]
 
 #: Masks the excluded pairs of a block in place: (keys, query rows, gallery columns).
 MaskFn = Callable[[Tensor, slice, "slice | Tensor"], None]
-#: Keys of a block of query rows against gallery columns given by an index tensor.
-KeyFn = Callable[[slice, Tensor], Tensor]
+#: Keys of a block of query rows against gallery columns (a slice, or an index tensor for the sample).
+KeyFn = Callable[[slice, "slice | Tensor"], Tensor]
 
 
 #: Width of the segments whose minima prune a block before any exact comparison.
@@ -228,6 +228,15 @@ def _add(buffer: _Buffer | CompiledBuffer, rows: slice, keys: Tensor, col0: int)
         buffer.add_filtered(rows, keys, col0)
 
 
+def addmm_keys(query: Tensor, gallery: Tensor, bias: Tensor, alpha: float) -> KeyFn:
+    """The keys ``bias[g] + alpha * <q, g>`` of query rows against gallery columns (a slice or positions)."""
+
+    def key_fn(rows: slice, cols: slice | Tensor) -> Tensor:
+        return torch.addmm(bias[None, cols], query[rows], gallery[cols].T, alpha=alpha)
+
+    return key_fn
+
+
 def sample_thresholds(
     n_query: int, n_gallery: int, key_fn: KeyFn, kp: int, mask_fn: MaskFn, rows_per_chunk: int, estimate: bool
 ) -> tuple[Tensor, Tensor]:
@@ -301,9 +310,7 @@ def stream_topk(
         every key of a query that is not among its candidates is >= its floor.
     """
 
-    def key_fn(rows: slice, cols: slice | Tensor) -> Tensor:
-        return torch.addmm(bias[None, cols], query[rows], gallery[cols].T, alpha=alpha)
-
+    key_fn = addmm_keys(query, gallery, bias, alpha)
     n_query, n_gallery = query.shape[0], gallery.shape[0]
     tau, _ = sample_thresholds(n_query, n_gallery, key_fn, kp, mask_fn, rows_per_chunk, estimate)
     buffer = _new_buffer(kp, tau, n_gallery)

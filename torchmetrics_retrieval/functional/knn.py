@@ -10,6 +10,7 @@ Two public entry points:
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, NamedTuple
@@ -28,6 +29,7 @@ from torchmetrics_retrieval.functional._checks import (
 from torchmetrics_retrieval.functional._compiled_order import order_runs, sort_by_key
 from torchmetrics_retrieval.functional._precision import ieee_float32_matmul
 from torchmetrics_retrieval.functional._stream_topk import (
+    addmm_keys,
     buffer_width,
     sample_thresholds,
     stream_topk,
@@ -483,7 +485,7 @@ class _Candidates(NamedTuple):
     keys: Tensor  # (R, kp) float: the stage-1 keys (meaningful where ok)
 
 
-def _mask_excluded_(keys: Tensor, rows: slice, cols: slice | Tensor, exclusions: _Exclusions) -> None:
+def _mask_excluded_(exclusions: _Exclusions, keys: Tensor, rows: slice, cols: slice | Tensor) -> None:
     """Set the keys of the excluded pairs of the block ``(rows, cols)`` to +inf, in place.
 
     ``cols`` is a slice of gallery positions, or an index tensor of them (the sample pre-pass).
@@ -536,11 +538,7 @@ class _TorchStage:
         return _Candidates(positions, torch.isfinite(keys), floor, keys)
 
     def _search_symmetric(self, kp: int) -> _Candidates:
-        exclusions = self.problem.exclusions
-
-        def mask(keys: Tensor, rows: slice, cols: slice | Tensor) -> None:
-            _mask_excluded_(keys, rows, cols, exclusions)
-
+        mask = functools.partial(_mask_excluded_, self.problem.exclusions)
         x = self.gallery
         if self.alpha == -2.0:  # L2: symmetric key |x_i - x_j|^2 / 2 from augmented rows
             half_sq, ones = self.bias[:, None] / 2, torch.ones_like(self.bias[:, None])
@@ -557,11 +555,7 @@ class _TorchStage:
 
     def _search(self, rows: Tensor, kp: int, estimate: bool) -> _Candidates:
         query, _ = _prepare(self.problem.query[rows], self.problem.distance, torch.float32)
-        exclusions = _take_rows(self.problem.exclusions, rows)
-
-        def mask(keys: Tensor, block_rows: slice, cols: slice | Tensor) -> None:
-            _mask_excluded_(keys, block_rows, cols, exclusions)
-
+        mask = functools.partial(_mask_excluded_, _take_rows(self.problem.exclusions, rows))
         found = stream_topk(
             query,
             self.gallery,
@@ -656,13 +650,8 @@ class _FaissStage:
         problem, device = self.problem, rows.device
         query, _ = _prepare(problem.query[rows], problem.distance, torch.float32)
         exclusions = _take_rows(problem.exclusions, rows)
-
-        def key_fn(block_rows: slice, cols: Tensor) -> Tensor:
-            return torch.addmm(self.bias[cols][None], query[block_rows], self.gallery[cols].T, alpha=self.alpha)
-
-        def mask(keys: Tensor, block_rows: slice, cols: slice | Tensor) -> None:
-            _mask_excluded_(keys, block_rows, cols, exclusions)
-
+        key_fn = addmm_keys(query, self.gallery, self.bias, self.alpha)
+        mask = functools.partial(_mask_excluded_, exclusions)
         tau, crowded = sample_thresholds(rows.numel(), problem.gallery.shape[0], key_fn, kp, mask, STAGE1_ROWS, True)
         crowded |= torch.isinf(tau)  # no threshold: fewer than ``rank`` eligible sample items
         tau = tau.masked_fill(crowded, torch.finfo(tau.dtype).min)  # nothing passes, floor ~ -inf
@@ -771,6 +760,14 @@ def _key_to_distance(problem: _Problem, rows: Tensor, keys: Tensor) -> Tensor:
     return squared.clamp(min=0.0).sqrt() if problem.distance == "euclidean" else squared
 
 
+def _near_duplicate_limit(problem: _Problem, rows: Tensor, tolerance: Tensor) -> Tensor:
+    """``(R,)`` float64: keys at most this are near duplicates of the query, whose distance a key cannot
+    tell from 0 (L2: ``key + |q|^2 <= 2 tol``); -inf for the other distances."""
+    if problem.distance in ("euclidean", "sqeuclidean"):
+        return 2.0 * tolerance - problem.query_sq64[rows]
+    return torch.full_like(tolerance, -float("inf"))
+
+
 def _near_ties(keys: Tensor, gap: Tensor) -> Tensor:
     """``(R, n)`` bool: entries whose key is within ``gap[r]`` of another key of their row."""
     ordered, order = torch.sort(keys, dim=1)
@@ -819,9 +816,8 @@ def _rank(problem: _Problem, rows: Tensor, candidates: _Candidates, k: int, exac
     if exact_distances:
         recompute = ok
     else:
-        recompute = ok & _near_ties(keys.masked_fill(~ok, float("inf")), 2.0 * tolerance)
-        if problem.distance in ("euclidean", "sqeuclidean"):  # near-duplicates: a key cannot resolve 0
-            recompute |= ok & (_key_to_distance(problem, rows, keys - 2.0 * tolerance[:, None]) == 0.0)
+        near = _near_ties(keys.masked_fill(~ok, float("inf")), 2.0 * tolerance)
+        recompute = ok & (near | (keys <= _near_duplicate_limit(problem, rows, tolerance)[:, None]))
     pair_rows, slots = torch.nonzero(recompute, as_tuple=True)
     dtype = problem.query.dtype
     if exact_distances:
@@ -870,11 +866,7 @@ def _rank_compiled(problem: _Problem, rows: Tensor, candidates: _Candidates, k: 
     """:func:`_rank` without exact distances, ordered by the compiled kernels of ``_compiled_order``."""
     indices, ok, floor, keys = candidates
     keys32 = keys.to(torch.float32).masked_fill(~ok, float("inf"))
-    near_limit = (
-        2.0 * tolerance - problem.query_sq64[rows]  # L2: key + |q|^2 <= 2 tol, a near duplicate
-        if problem.distance in ("euclidean", "sqeuclidean")
-        else torch.full_like(tolerance, -float("inf"))
-    )
+    near_limit = _near_duplicate_limit(problem, rows, tolerance)
     keys32, items, near = sort_by_key(keys32, indices.masked_fill(~ok, 0), 2.0 * tolerance, near_limit)
     ok = torch.isfinite(keys32)
     near &= ok
