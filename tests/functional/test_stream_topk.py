@@ -15,6 +15,7 @@ from torchmetrics_retrieval.functional._stream_topk import (
     _below_by_column,
     _below_by_row,
     sample_thresholds,
+    stream_topk,
     stream_topk_symmetric,
 )
 
@@ -93,6 +94,25 @@ def test_compiled_and_torch_buffers_keep_the_same_best_keys(monkeypatch: pytest.
     assert torch.equal(full.gather(1, items_c), keys_c)
     below = (full < floor_c[:, None]).sum(dim=1)
     assert bool((below <= 7).all())
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "torch"])
+def test_no_item_left_out_lies_below_the_floor(monkeypatch: pytest.MonkeyPatch, compiled: bool) -> None:
+    # 600 copies of one point: a block row of a copy has hundreds of entries below the (proven) first
+    # threshold, more than a buffer row holds, so the buffer keeps the best of them. The ones it drops
+    # must not be below the floor it reports (the torch buffer once kept its old threshold there).
+    monkeypatch.setattr(_compiled_buffer, "MIN_PAIRS", 0 if compiled else 2**62)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3000, 4, generator=g)
+    x[:600] = x[0].clone()
+    bias = (x * x).sum(dim=1)
+    keys, items, floor = stream_topk(
+        x, x, bias, -2.0, 7, lambda *_: None, rows_per_chunk=256, cols_per_block=1024, estimate=False
+    )
+    full = torch.addmm(bias[None, :], x, x.T, alpha=-2.0)
+    left_out = full.scatter(1, items, float("inf"))
+    assert bool((left_out >= floor[:, None]).all())
+    assert torch.equal(full.gather(1, items), keys)
 
 
 def test_compiled_kernels_serve_large_cpu_searches_only() -> None:

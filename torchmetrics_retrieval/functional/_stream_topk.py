@@ -37,7 +37,7 @@ from torch import Tensor
 from torchmetrics_retrieval.functional import _compiled_buffer
 from torchmetrics_retrieval.functional._compiled_buffer import CompiledBuffer
 
-__all__ = ["addmm_keys", "buffer_width", "sample_thresholds", "stream_topk", "stream_topk_symmetric"]
+__all__ = ["addmm_keys", "buffer_width", "sample_size", "sample_thresholds", "stream_topk", "stream_topk_symmetric"]
 
 #: Masks the excluded pairs of a block in place: (keys, query rows, gallery columns).
 MaskFn = Callable[[Tensor, slice, "slice | Tensor"], None]
@@ -150,8 +150,14 @@ class _Buffer:
             self._append_sorted(queries, c, r + items.start, values)
 
     def _append_dense(self, rows: slice, values: Tensor, items: Tensor) -> None:
-        """Append ``values.shape[1]`` entries to every row of the slice ``rows``."""
+        """Append ``values.shape[1]`` entries to every row of the slice ``rows``.
+
+        With ``kp`` entries per row they may be the best ``kp`` of more: the dropped ones are >= the largest
+        kept, so a row's threshold is lowered to it (else a dropped key could lie below the threshold).
+        """
         n_new = values.shape[1]
+        if n_new >= self.kp:
+            self.tau[rows] = torch.minimum(self.tau[rows], values.amax(dim=1))
         full = torch.nonzero(self.fill[rows] + n_new > self.width).flatten()
         if full.numel():
             self._compact(full + rows.start)
@@ -237,6 +243,11 @@ def addmm_keys(query: Tensor, gallery: Tensor, bias: Tensor, alpha: float) -> Ke
     return key_fn
 
 
+def sample_size(n_gallery: int, kp: int) -> int:
+    """Items of the strided sample of :func:`sample_thresholds` (the whole gallery: no threshold)."""
+    return min(n_gallery, max(min(SAMPLE, max(n_gallery // 8, 64 * kp)), 4 * kp))
+
+
 def sample_thresholds(
     n_query: int, n_gallery: int, key_fn: KeyFn, kp: int, mask_fn: MaskFn, rows_per_chunk: int, estimate: bool
 ) -> tuple[Tensor, Tensor]:
@@ -248,15 +259,16 @@ def sample_thresholds(
     valid first threshold. With ``estimate`` the sample rank is lowered to ``m + SIGMAS * (sqrt(m) + 1)``,
     ``m = kp * sample / gallery`` (the expected count of sample keys below the true ``kp``-th key), which
     discards far more of every block; a query where it is too low ends with fewer than ``kp`` candidates
-    and a floor that says so. Thresholds are inflated slightly so that rounding differences between block
-    shapes cannot drop an item at the bound.
+    and a floor that says so. Thresholds are inflated slightly (relative to the row's largest finite sample
+    key, so that no threshold exceeds the scale of the row's keys) so that rounding differences between
+    block shapes cannot drop an item at the bound.
 
     When the rank is small against the sample, the sample is first folded into ``n_sample / FOLD`` groups
     of items far apart in the gallery and the rank is taken over the group minima (a quarter of the
     selection work). The ``rank``-th smallest group minimum is never below the ``rank``-th smallest key,
     so the threshold stays valid; it is a little higher where two of the best sample keys share a group.
     """
-    n_sample = min(n_gallery, max(min(SAMPLE, max(n_gallery // 8, 64 * kp)), 4 * kp))
+    n_sample = sample_size(n_gallery, kp)
     tau = torch.full((n_query,), float("inf"))
     crowded = torch.zeros(n_query, dtype=torch.bool)
     if n_sample <= kp or n_sample == n_gallery:
@@ -275,7 +287,8 @@ def sample_thresholds(
         if fold:
             keys = keys.view(keys.shape[0], FOLD, -1).amin(dim=1)
         tau[rows] = torch.topk(keys, rank, dim=1, largest=False, sorted=False).values.amax(dim=1)
-        tau[rows] += tau[rows].abs() * 1e-5 + 1e-6
+        largest = torch.where(keys < float("inf"), keys.abs(), 0.0).amax(dim=1)
+        tau[rows] += (tau[rows].abs() + largest) * 1e-5
         crowded[rows] = (keys < tau[rows, None]).sum(dim=1) > 2 * rank
     return tau, crowded
 
