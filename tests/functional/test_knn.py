@@ -326,6 +326,55 @@ def test_faiss_range_search_with_exclusions_matches_reference(
     assert_matches_reference(result, expected, exact_distances=False)
 
 
+def test_faiss_stage_searches_top_k_when_the_sample_is_the_whole_gallery(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 1100 items and k = 64: large enough for a range search by its size rule, but the threshold sample
+    # would be the whole gallery (no threshold at all). It once crashed on the empty range result.
+    x = torch.randn(1100, 8, generator=torch.Generator().manual_seed(9))
+    ranged = record_range_searches(monkeypatch)
+    result = knn(x[:50], x, 64, backend="faiss")
+    assert ranged == []
+    assert_matches_reference(result, reference_knn(x[:50], x, 64, "euclidean"), exact_distances=True)
+
+
+def exact_keys(query: Tensor, gallery: Tensor, distance: str) -> Tensor:
+    """The stage-1 keys of every pair from the float64 values: what the rounding bound is about."""
+    q, g = query.double(), gallery.double()
+    if distance == "dot":
+        return -(q @ g.T)
+    if distance == "cosine":
+        return -(q @ g.T) / ((q * q).sum(dim=1)[:, None] * (g * g).sum(dim=1)[None, :]).sqrt()
+    return (g * g).sum(dim=1)[None, :] - 2.0 * (q @ g.T)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("distance", DISTANCES)
+def test_stage_keys_stay_within_their_rounding_bound(distance: Distance, dtype: torch.dtype) -> None:
+    # Points far from the origin with a small spread and varied norms: the keys cancel (|g|^2 - 2<q,g> is
+    # about -|q|^2), the hard case for a bound that scales with (|q| + max |g|)^2. Every stage's key of every
+    # pair it returns is within its rounding bound (``_key_tolerance`` without the safety margin).
+    g = torch.Generator().manual_seed(8)
+    x = ((4.0 + torch.randn(1, 48, generator=g)) * (1 + 0.1 * torch.randn(2400, 48, generator=g))).to(dtype)
+    x[::3] *= 1.7
+    query, gallery = x[:300], x
+    exact = exact_keys(query, gallery, distance)
+    none = KNN_MODULE._Exclusions(None, None, None)
+    rows = torch.arange(300)
+    one_sided = KNN_MODULE._make_problem(query, gallery, distance, none, same_set=False)
+    symmetric = KNN_MODULE._make_problem(gallery, gallery, distance, none, same_set=True)
+    faiss_stage = KNN_MODULE._FaissStage(one_sided, use_gpu=False)
+    searches = {
+        "torch": (one_sided, KNN_MODULE._TorchStage(one_sided, None)(rows, 2400, first_round=False)),
+        "symmetric": (symmetric, KNN_MODULE._TorchStage(symmetric, None)(rows, 2399, first_round=True)),
+        "faiss top-k": (one_sided, faiss_stage._top(rows, 2400)),
+        "faiss range": (one_sided, faiss_stage._range(rows, 100)),
+    }
+    for name, (problem, found) in searches.items():
+        assert int(found.ok.sum()) >= 300 * 50, name  # (the range search leaves a few crowded rows empty)
+        error = (found.keys.double() - exact.gather(1, found.indices)).abs().masked_fill(~found.ok, 0.0)
+        bound = KNN_MODULE._key_tolerance(problem, rows, found.rounding) / KNN_MODULE.TOLERANCE_FACTOR
+        assert bool((error <= bound[:, None]).all()), (name, float((error / bound[:, None]).max()))
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # hand cases
 # ----------------------------------------------------------------------------------------------------------------------

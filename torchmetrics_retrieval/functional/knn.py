@@ -31,6 +31,7 @@ from torchmetrics_retrieval.functional._precision import ieee_float32_matmul
 from torchmetrics_retrieval.functional._stream_topk import (
     addmm_keys,
     buffer_width,
+    sample_size,
     sample_thresholds,
     stream_topk,
     stream_topk_symmetric,
@@ -171,6 +172,15 @@ def _prepare(x: Tensor, distance: str, dtype: torch.dtype | None = None) -> tupl
     if distance in ("euclidean", "sqeuclidean"):
         return x, (x * x).sum(dim=1)
     return x, None
+
+
+def _stage_rows(x64: Tensor, sq64: Tensor, distance: str) -> tuple[Tensor, Tensor | None]:
+    """Float32 rows of a stage-1 search and their squared norms (L2 only), each entry the rounding of its
+    float64 value: cosine rows are normalised in float64, the norms are the canonical ones. So every
+    stage input is within one rounding of its exact value, as :func:`_key_tolerance` assumes."""
+    if distance == "cosine":
+        return (x64 / sq64.sqrt()[:, None]).to(torch.float32), None
+    return x64.to(torch.float32), sq64.to(torch.float32) if distance in ("euclidean", "sqeuclidean") else None
 
 
 def _block_distances(q: Tensor, q_sq: Tensor | None, g: Tensor, g_sq: Tensor | None, distance: str) -> Tensor:
@@ -483,6 +493,17 @@ class _Candidates(NamedTuple):
     ok: Tensor  # (R, kp) bool
     floor: Tensor  # (R,) float: no non-candidate has a smaller key
     keys: Tensor  # (R, kp) float: the stage-1 keys (meaningful where ok)
+    rounding: int  # the keys' rounding bound in units of u * scale (see ``_key_tolerance``)
+
+    def take(self, rows: Tensor) -> _Candidates:
+        """The candidates of a subset of the rows."""
+        return self._replace(indices=self.indices[rows], ok=self.ok[rows], floor=self.floor[rows], keys=self.keys[rows])
+
+
+def _rounding_terms(dim: int, threshold_in_product: bool = False) -> int:
+    """Rounding bound of a stage's float32 keys in units of ``u * scale`` (``u = 2**-24``, see
+    :func:`_key_tolerance`): ``D + 6``, or ``2 D + 8`` when the query's threshold is a term of the product."""
+    return 2 * dim + 8 if threshold_in_product else dim + 6
 
 
 def _mask_excluded_(exclusions: _Exclusions, keys: Tensor, rows: slice, cols: slice | Tensor) -> None:
@@ -515,7 +536,7 @@ class _TorchStage:
 
     def __init__(self, problem: _Problem, chunk_size: int | None) -> None:
         self.problem = problem
-        gallery, gallery_sq = _prepare(problem.gallery, problem.distance, torch.float32)
+        gallery, gallery_sq = _stage_rows(problem.gallery64, problem.gallery_sq64, problem.distance)
         self.gallery = gallery
         self.bias = gallery_sq if gallery_sq is not None else torch.zeros_like(gallery[:, 0])
         self.alpha = -2.0 if gallery_sq is not None else -1.0
@@ -530,12 +551,12 @@ class _TorchStage:
         if first_round and self.symmetric and _symmetric_buffer_fits(n_query, kp):
             if self._all_rows is None:
                 self._all_rows = self._search_symmetric(kp)
-            return _Candidates(*(part[rows] for part in self._all_rows))
+            return self._all_rows.take(rows)
         return self._search(rows, kp, estimate=first_round)
 
     def _candidates(self, found: tuple[Tensor, Tensor, Tensor]) -> _Candidates:
         keys, positions, floor = found
-        return _Candidates(positions, torch.isfinite(keys), floor, keys)
+        return _Candidates(positions, keys < float("inf"), floor, keys, _rounding_terms(self.gallery.shape[1]))
 
     def _search_symmetric(self, kp: int) -> _Candidates:
         mask = functools.partial(_mask_excluded_, self.problem.exclusions)
@@ -554,8 +575,9 @@ class _TorchStage:
         return self._candidates((keys, positions, floor))
 
     def _search(self, rows: Tensor, kp: int, estimate: bool) -> _Candidates:
-        query, _ = _prepare(self.problem.query[rows], self.problem.distance, torch.float32)
-        mask = functools.partial(_mask_excluded_, _take_rows(self.problem.exclusions, rows))
+        problem = self.problem
+        query, _ = _stage_rows(problem.query64[rows], problem.query_sq64[rows], problem.distance)
+        mask = functools.partial(_mask_excluded_, _take_rows(problem.exclusions, rows))
         found = stream_topk(
             query,
             self.gallery,
@@ -596,7 +618,7 @@ class _FaissStage:
     def __init__(self, problem: _Problem, *, use_gpu: bool) -> None:
         faiss = _faiss_module()
         self.problem = problem
-        gallery, gallery_sq = _prepare(problem.gallery, problem.distance, torch.float32)
+        gallery, gallery_sq = _stage_rows(problem.gallery64, problem.gallery_sq64, problem.distance)
         self.l2 = gallery_sq is not None
         self.gallery, self.bias = gallery, gallery_sq if gallery_sq is not None else torch.zeros_like(gallery[:, 0])
         self.alpha = -2.0 if self.l2 else -1.0
@@ -616,7 +638,8 @@ class _FaissStage:
 
     def __call__(self, rows: Tensor, kp: int, first_round: bool) -> _Candidates:
         n_gallery = self.problem.gallery.shape[0]
-        if first_round and self.use_range and kp >= RANGE_MIN_KP and n_gallery >= RANGE_GALLERY_PER_KP * kp:
+        large = kp >= RANGE_MIN_KP and n_gallery >= RANGE_GALLERY_PER_KP * kp
+        if first_round and self.use_range and large and sample_size(n_gallery, kp) < n_gallery:
             return self._range(rows, kp)
         return self._top(rows, kp)
 
@@ -624,7 +647,7 @@ class _FaissStage:
         """Exact float32 top-k selection: the largest candidate key is the floor of a full row."""
         problem = self.problem
         n_fetch = min(problem.gallery.shape[0], kp + int(self.n_excluded[rows].max()))
-        query, _ = _prepare(problem.query[rows], problem.distance, torch.float32)
+        query, _ = _stage_rows(problem.query64[rows], problem.query_sq64[rows], problem.distance)
         values_np, labels_np = self.index.search(self._augmented(query), n_fetch)
         device = rows.device
         labels = torch.from_numpy(labels_np).to(device)
@@ -633,10 +656,10 @@ class _FaissStage:
         labels = labels.clamp(min=0)
         keys = keys.masked_fill(~found | ~_pair_eligible(_take_rows(problem.exclusions, rows), labels), float("inf"))
         top = torch.topk(keys, min(kp, n_fetch), dim=1, largest=False)
-        ok = torch.isfinite(top.values)
+        ok = top.values < float("inf")
         # A row with fewer than kp candidates has them all (faiss fetched past every excluded item).
         floor = torch.where(ok.all(dim=1), top.values[:, -1], float("inf"))
-        return _Candidates(labels.gather(1, top.indices), ok, floor, top.values)
+        return _Candidates(labels.gather(1, top.indices), ok, floor, top.values, _rounding_terms(query.shape[1]))
 
     def _range(self, rows: Tensor, kp: int) -> _Candidates:
         """Candidates below estimated per-query thresholds ``tau``.
@@ -648,7 +671,7 @@ class _FaissStage:
         floor -inf: they are searched again.
         """
         problem, device = self.problem, rows.device
-        query, _ = _prepare(problem.query[rows], problem.distance, torch.float32)
+        query, _ = _stage_rows(problem.query64[rows], problem.query_sq64[rows], problem.distance)
         exclusions = _take_rows(problem.exclusions, rows)
         key_fn = addmm_keys(query, self.gallery, self.bias, self.alpha)
         mask = functools.partial(_mask_excluded_, exclusions)
@@ -667,14 +690,13 @@ class _FaissStage:
         dense.view(-1)[flat] = torch.from_numpy(values_np).to(device)
         top = torch.topk(dense, n_keep, dim=1, sorted=False)
         found = top.indices < counts[:, None]
-        items = torch.from_numpy(labels_np).to(device)[
-            (lims[:-1, None] + top.indices).clamp(max=max(0, int(lims[-1]) - 1))
-        ]
-        items = items.masked_fill(~found, 0)
+        padded = torch.cat([torch.from_numpy(labels_np).to(device), torch.zeros(1, dtype=torch.long, device=device)])
+        items = padded[(lims[:-1, None] + top.indices).clamp(max=int(lims[-1]))].masked_fill_(~found, 0)
         ok = found & _pair_eligible(exclusions, items)
         tau64 = tau.to(torch.float64)
         floor = torch.where(counts > n_keep, tau64 - top.values.amin(dim=1).to(torch.float64), tau64)
-        return _Candidates(items, ok, floor, tau64[:, None] - top.values.to(torch.float64))
+        keys = tau64[:, None] - top.values.to(torch.float64)
+        return _Candidates(items, ok, floor, keys, _rounding_terms(query.shape[1], threshold_in_product=True))
 
 
 def _pair_eligible(exclusions: _Exclusions, indices: Tensor) -> Tensor:
@@ -729,18 +751,29 @@ def _canonical_distances(problem: _Problem, rows: Tensor, pair_rows: Tensor, pai
     return _distances_from_dots(dots, q_sq, g_sq, problem.distance, direct_sq)
 
 
-def _key_tolerance(problem: _Problem, rows: Tensor) -> Tensor:
+def _key_tolerance(problem: _Problem, rows: Tensor, rounding: int) -> Tensor:
     """A rigorous bound on |stage-1 key - exact key| of every pair of these queries, ``(R,)`` float64.
 
-    With ``u = 2**-24`` (float32 unit roundoff), an inner product of n terms errs by at most
-    ``n u sum|a_i b_i| <= n u |a| |b|`` in any summation order. Every stage-1 key is at most one such
-    product over D + 2 augmented terms plus float32 norms (D terms each) and a few roundings, and the
-    worst path (the symmetric torch stage: ``2 <[x, |x|^2/2, 1], [-y, 1, |y|^2/2]> - |x|^2``, or a faiss
-    range search whose query carries its threshold) stays below ``(3 D + 8) u scale``, with ``scale``
-    ``(|q| + max |g|)^2`` (L2), ``|q| max |g|`` (dot) or 1 (cosine, which adds the normalisation of the
-    rows). ``TOLERANCE_FACTOR`` adds a margin on top.
+    With ``u = 2**-24`` (float32 unit roundoff), a float32 sum of n products errs by at most
+    ``n u sum|a_i b_i|`` in any summation order, with or without fused multiply-adds; every stage input
+    (a row entry, a squared norm, a unit row for cosine) is within ``u`` relative of its exact value
+    (:func:`_stage_rows`). ``rounding`` counts the stage's terms in units of ``u * scale``, with ``scale``
+    ``S = (|q| + max |g|)^2`` (L2), ``|q| max |g|`` (dot) or 1 (cosine), ``D`` the dimension:
+
+    * torch, one side: ``addmm(|g|^2, q, g^T, alpha=-2)`` sums D + 1 terms of total size
+      ``|g|^2 + 2 |q||g| <= S``: ``(D + 1) u S``, plus ``u S`` for each of the rounded norm, the rounded
+      rows and the result: ``D + 4``;
+    * torch, symmetric: ``2 <[x, |x|^2/2, 1], [-y, 1, |y|^2/2]> - |x|^2`` sums D + 2 terms of total size
+      ``S / 2``, doubled: ``(D + 2) u S``, plus the norms, rows and two roundings: ``D + 6``;
+    * faiss top-k: ``<[2g, -|g|^2, 1], [q, 1, 0]>`` as the one-sided torch sum, plus the float32 rounding of
+      the float64 key: ``D + 5``;
+    * faiss range search: the query's threshold ``t`` (``|t| <= S``) is a term of the product
+      ``<[2g, -|g|^2, 1], [q, 1, t]>``, which doubles the sum's size: ``2 D + 8``.
+
+    :func:`_rounding_terms` rounds these up to ``D + 6`` and ``2 D + 8``; ``TOLERANCE_FACTOR`` adds a margin
+    (which also covers the float64 rounding of the canonical values, about ``2**-29`` times smaller).
     """
-    unit = 2.0**-24 * (3 * problem.query.shape[1] + 8) * TOLERANCE_FACTOR
+    unit = 2.0**-24 * rounding * TOLERANCE_FACTOR
     q_norm, g_norm = problem.query_sq64[rows].sqrt(), problem.gallery_sq64.max().sqrt()
     if problem.distance == "cosine":
         return torch.full_like(q_norm, unit)
@@ -809,8 +842,8 @@ def _rank(problem: _Problem, rows: Tensor, candidates: _Candidates, k: int, exac
     distance too, on the same side (and far more than a float32 step apart after rounding). Near
     duplicates are recomputed too, so that a duplicate's distance is exactly 0.
     """
-    indices, ok, floor, keys = candidates
-    tolerance = _key_tolerance(problem, rows)
+    indices, ok, floor, keys, rounding = candidates
+    tolerance = _key_tolerance(problem, rows, rounding)
     if not exact_distances and _compiled_buffer.available(ok.device, problem.query.shape[0], problem.gallery.shape[0]):
         return _rank_compiled(problem, rows, candidates, k, tolerance)
     if exact_distances:
@@ -864,11 +897,11 @@ def _certified(
 
 def _rank_compiled(problem: _Problem, rows: Tensor, candidates: _Candidates, k: int, tolerance: Tensor) -> _Ranked:
     """:func:`_rank` without exact distances, ordered by the compiled kernels of ``_compiled_order``."""
-    indices, ok, floor, keys = candidates
+    indices, ok, floor, keys, _ = candidates
     keys32 = keys.to(torch.float32).masked_fill(~ok, float("inf"))
     near_limit = _near_duplicate_limit(problem, rows, tolerance)
     keys32, items, near = sort_by_key(keys32, indices.masked_fill(~ok, 0), 2.0 * tolerance, near_limit)
-    ok = torch.isfinite(keys32)
+    ok = keys32 < float("inf")
     near &= ok
     dtype = problem.query.dtype
     values = torch.zeros(keys32.shape, dtype=dtype)
