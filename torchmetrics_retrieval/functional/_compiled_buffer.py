@@ -71,40 +71,45 @@ def _kernels() -> dict[str, Any]:
         tau[row] = kth
 
     @jit
-    def scan_rows(block, row0, col0, keys, items, fill, tau, kp):
-        width = keys.shape[1]
+    def scan(block, row0, col0, keys, items, fill, tau, kp, passing, columns):
+        # One pass over each block row: a vectorised compare marks the entries below their row's threshold
+        # (bit 1) and, with ``columns``, below their column's (bit 2); only the 8-entry words with a mark
+        # are visited entry by entry. Thresholds only fall, so a mark is re-checked before the append.
+        width, n_cols = keys.shape[1], block.shape[1]
+        column_tau = tau[col0 : col0 + n_cols]  # a view: follows the compactions
+        words = passing.view(np.uint64)
         for a in range(block.shape[0]):
             row, line = row0 + a, block[a]
-            threshold, slot = tau[row], fill[row]
-            for b in range(block.shape[1]):
-                if line[b] < threshold:
-                    if slot == width:  # full: keep the best kp, lower the threshold
-                        fill[row] = slot
-                        compact(keys, items, fill, tau, row, kp)
-                        threshold, slot = tau[row], kp
-                        if not line[b] < threshold:
-                            continue
-                    keys[row, slot] = line[b]
-                    items[row, slot] = col0 + b
-                    slot += 1
-            fill[row] = slot
-
-    @jit
-    def scan_columns(block, row0, col0, keys, items, fill, tau, kp):
-        width = keys.shape[1]
-        thresholds = tau[col0 : col0 + block.shape[1]]  # a view: follows the compactions
-        for a in range(block.shape[0]):
-            line = block[a]
-            for b in range(block.shape[1]):
-                if line[b] < thresholds[b]:
-                    row = col0 + b
-                    if fill[row] == width:
-                        compact(keys, items, fill, tau, row, kp)
-                        if not line[b] < thresholds[b]:
-                            continue
-                    keys[row, fill[row]] = line[b]
-                    items[row, fill[row]] = row0 + a
-                    fill[row] += 1
+            row_tau = tau[row]
+            if columns:
+                for b in range(n_cols):
+                    passing[b] = (line[b] < row_tau) | ((line[b] < column_tau[b]) << 1)
+            else:
+                for b in range(n_cols):
+                    passing[b] = line[b] < row_tau
+            for w in range((n_cols + 7) // 8):
+                if words[w] == 0:
+                    continue
+                for b in range(8 * w, min(8 * w + 8, n_cols)):
+                    mark = passing[b]
+                    if mark == 0:
+                        continue
+                    value = line[b]
+                    if mark & 1:
+                        if fill[row] == width:  # full: keep the best kp, lower the threshold
+                            compact(keys, items, fill, tau, row, kp)
+                        if value < tau[row]:
+                            keys[row, fill[row]] = value
+                            items[row, fill[row]] = col0 + b
+                            fill[row] += 1
+                    if mark & 2:
+                        column = col0 + b
+                        if fill[column] == width:
+                            compact(keys, items, fill, tau, column, kp)
+                        if value < tau[column]:
+                            keys[column, fill[column]] = value
+                            items[column, fill[column]] = row0 + a
+                            fill[column] += 1
 
     @jit
     def finish(keys, items, fill, tau, kp):
@@ -112,7 +117,7 @@ def _kernels() -> dict[str, Any]:
             if fill[row] > kp:
                 compact(keys, items, fill, tau, row, kp)
 
-    _KERNELS.update(scan_rows=scan_rows, scan_columns=scan_columns, finish=finish)
+    _KERNELS.update(scan=scan, finish=finish)
     return _KERNELS
 
 
@@ -133,6 +138,7 @@ class CompiledBuffer:
         self.items = np.zeros((n_rows, width), dtype=np.int32)
         self.fill = np.zeros(n_rows, dtype=np.int64)
         self.tau = tau.to(torch.float32).numpy().copy()
+        self.passing = np.zeros(0, dtype=np.uint8)  # per-entry marks of one block row, grown on demand
         self.kernels = _kernels()
 
     def filling(self, rows: slice) -> bool:
@@ -140,24 +146,24 @@ class CompiledBuffer:
 
     def add_filtered(self, rows: slice, block: Tensor, col0: int) -> None:
         """Append the entries of the block (rows ``rows``, items from ``col0``) below their row's threshold."""
-        state = (self.keys, self.items, self.fill, self.tau, self.kp)
-        self.kernels["scan_rows"](_numpy(block), rows.start, col0, *state)
+        self._scan(rows, block, col0, columns=False)
 
-    def add_filtered_transposed(self, items: slice, block: Tensor, queries: slice) -> None:
-        """Append the entries below their column query's threshold (symmetric keys: the row is the item)."""
-        state = (self.keys, self.items, self.fill, self.tau, self.kp)
-        self.kernels["scan_columns"](_numpy(block), items.start, queries.start, *state)
+    add_dense = add_filtered  # with a running threshold from the start, a scan keeps the best kp anyway
 
-    # With a running threshold from the start, "the best kp of each row" is what the scan keeps anyway.
-    add_dense = add_filtered
-    add_dense_transposed = add_filtered_transposed
+    def add_both(self, rows: slice, block: Tensor, cols: slice) -> None:
+        """:meth:`add_filtered` for the row queries and, in the same pass, for the column queries ``cols``
+        of a block of symmetric keys (the row is then the item)."""
+        self._scan(rows, block, cols.start, columns=True)
+
+    def _scan(self, rows: slice, block: Tensor, col0: int, columns: bool) -> None:
+        values = block.detach().contiguous().numpy()
+        if self.passing.shape[0] < values.shape[1]:
+            self.passing = np.zeros(-(-values.shape[1] // 8) * 8, dtype=np.uint8)  # whole 8-byte words
+        state = (self.keys, self.items, self.fill, self.tau, self.kp, self.passing, columns)
+        self.kernels["scan"](values, rows.start, col0, *state)
 
     def result(self) -> tuple[Tensor, Tensor, Tensor]:
         """``(keys (R, kp), gallery positions (R, kp), floors (R,))`` as :meth:`_Buffer.result`."""
         self.kernels["finish"](self.keys, self.items, self.fill, self.tau, self.kp)
         keys = torch.from_numpy(self.keys[:, : self.kp].copy())
         return keys, torch.from_numpy(self.items[:, : self.kp]).long(), torch.from_numpy(self.tau.copy())
-
-
-def _numpy(block: Tensor) -> np.ndarray:
-    return block.detach().contiguous().numpy()

@@ -149,6 +149,14 @@ class _Buffer:
         if c.numel():
             self._append_sorted(queries, c, r + items.start, values)
 
+    def add_both(self, rows: slice, keys: Tensor, cols: slice) -> None:
+        """Append the entries of a block of symmetric keys for its row queries and its column queries."""
+        _add(self, rows, keys, cols.start)
+        if self.filling(cols):
+            self.add_dense_transposed(rows, keys, cols)
+        else:
+            self.add_filtered_transposed(rows, keys, cols)
+
     def _append_dense(self, rows: slice, values: Tensor, items: Tensor) -> None:
         """Append ``values.shape[1]`` entries to every row of the slice ``rows``.
 
@@ -368,9 +376,5 @@ def stream_topk_symmetric(
             cols = slice(j0, min(j0 + cols_per_block, n))
             keys = left[rows] @ right[cols].T
             mask_fn(keys, rows, cols)
-            _add(buffer, rows, keys, j0)
-            if buffer.filling(cols):
-                buffer.add_dense_transposed(rows, keys, cols)
-            else:
-                buffer.add_filtered_transposed(rows, keys, cols)
+            buffer.add_both(rows, keys, cols)
     return buffer.result()
