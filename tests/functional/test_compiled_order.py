@@ -25,3 +25,18 @@ def test_order_runs_sorts_each_run_by_value_then_item() -> None:
     items = torch.tensor([[5, 1, 2, 3, 8, 4], [0, 1, 2, 3, 4, 5]])
     near = torch.tensor([[False, True, True, False, True, True], [False] * 6])
     assert order_runs(values, items, near).tolist() == [[0, 2, 1, 3, 5, 4], [0, 1, 2, 3, 4, 5]]
+
+
+def test_sort_by_key_matches_a_stable_sort_on_mixed_rows() -> None:
+    # Signs, zeros of both signs, +inf, repeated keys and positions up to 2**31 - 1: every radix digit varies.
+    g = torch.Generator().manual_seed(0)
+    pool = torch.tensor([-3e38, -1.5, -1e-30, -0.0, 0.0, 1e-30, 0.25, 1.5, 3e38, INF])
+    keys = torch.cat([pool[torch.randint(0, 10, (40, 300), generator=g)], torch.randn(40, 300, generator=g)], dim=1)
+    items = torch.randint(0, 2**31 - 1, keys.shape, generator=g)
+    items[:, :2] = torch.tensor([0, 2**31 - 1])
+    no_limit = torch.full((40,), -INF, dtype=torch.float64)
+    sorted_keys, sorted_items, _ = sort_by_key(keys, items, torch.zeros(40, dtype=torch.float64), no_limit)
+    by_item = items.argsort(dim=1, stable=True)
+    order = by_item.gather(1, keys.gather(1, by_item).argsort(dim=1, stable=True))
+    assert torch.equal(sorted_keys, keys.gather(1, order))
+    assert torch.equal(sorted_items, items.gather(1, order))
