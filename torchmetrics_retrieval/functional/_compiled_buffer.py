@@ -51,6 +51,43 @@ def _kernels() -> dict[str, Any]:
     jit = cached_njit()
 
     @jit
+    def encode(bits, item):
+        # (float32 key bits, position < 2**31) -> a non-negative int64 code ordered like (key, position)
+        bits = np.int64(bits)
+        ordered = bits if bits >= 0 else -(bits & 0x7FFFFFFF)  # monotone in the float value (-0.0 -> +0.0)
+        return ((ordered + 2**31) << 31) + item
+
+    @jit
+    def decode(code):
+        ordered = (code >> 31) - 2**31
+        return np.int32(ordered if ordered >= 0 else (-ordered) | -0x80000000), code & 0x7FFFFFFF
+
+    @jit
+    def radix_sort(codes, scratch, counts):
+        # Least-significant-digit radix sort of non-negative int64 codes, 8 bits per pass; digits that are
+        # the same in every code are skipped (a row's keys share their high bits).
+        varying = 0
+        for j in range(codes.shape[0]):
+            varying |= codes[j] ^ codes[0]
+        source, target, shift = codes, scratch, 0
+        while shift < 64 and varying >> shift:
+            if (varying >> shift) & 0xFF:
+                counts[:] = 0
+                for j in range(codes.shape[0]):
+                    counts[(source[j] >> shift) & 0xFF] += 1
+                total = 0
+                for digit in range(256):
+                    total, counts[digit] = total + counts[digit], total
+                for j in range(codes.shape[0]):
+                    digit = (source[j] >> shift) & 0xFF
+                    target[counts[digit]] = source[j]
+                    counts[digit] += 1
+                source, target = target, source
+            shift += 8
+        if source is not codes:
+            codes[:] = source
+
+    @jit
     def compact(keys, items, fill, tau, row, kp):
         # The kp-th smallest key by partition, then one stable pass: every key below it, then ties with it.
         line, line_items, n = keys[row], items[row], fill[row]
@@ -113,11 +150,23 @@ def _kernels() -> dict[str, Any]:
 
     @jit
     def finish(keys, items, fill, tau, kp):
+        # Every row sorted by (key, position) and cut to its best kp (the kp-th key is the new threshold).
+        width = keys.shape[1]
+        codes, scratch, counts = np.empty(width, np.int64), np.empty(width, np.int64), np.empty(256, np.int64)
         for row in range(keys.shape[0]):
-            if fill[row] > kp:
-                compact(keys, items, fill, tau, row, kp)
+            n, bits = fill[row], keys[row].view(np.int32)
+            for j in range(n):
+                codes[j] = encode(bits[j], items[row, j])
+            radix_sort(codes[:n], scratch[:n], counts)
+            kept = min(n, kp)
+            for j in range(kept):
+                bits[j], items[row, j] = decode(codes[j])
+            keys[row, kept:] = np.inf
+            if n > kp:
+                tau[row] = keys[row, kp - 1]
+            fill[row] = kept
 
-    _KERNELS.update(scan=scan, finish=finish)
+    _KERNELS.update(scan=scan, finish=finish, encode=encode, decode=decode, radix_sort=radix_sort)
     return _KERNELS
 
 
@@ -163,7 +212,8 @@ class CompiledBuffer:
         self.kernels["scan"](values, rows.start, col0, *state)
 
     def result(self) -> tuple[Tensor, Tensor, Tensor]:
-        """``(keys (R, kp), gallery positions (R, kp), floors (R,))`` as :meth:`_Buffer.result`."""
+        """``(keys (R, kp), gallery positions (R, kp), floors (R,))`` as :meth:`_Buffer.result`, each row
+        sorted by (key, position)."""
         self.kernels["finish"](self.keys, self.items, self.fill, self.tau, self.kp)
         keys = torch.from_numpy(self.keys[:, : self.kp].copy())
         return keys, torch.from_numpy(self.items[:, : self.kp]).long(), torch.from_numpy(self.tau.copy())

@@ -31,46 +31,22 @@ def _kernels() -> dict[str, Any]:
         return _KERNELS
     jit = _compiled_buffer.cached_njit()
 
-    @jit
-    def radix_sort(codes, scratch, counts):
-        # Least-significant-digit radix sort of non-negative int64 codes, 8 bits per pass; digits that are
-        # the same in every code are skipped (a row's keys share their high bits).
-        varying = 0
-        for j in range(codes.shape[0]):
-            varying |= codes[j] ^ codes[0]
-        source, target, shift = codes, scratch, 0
-        while shift < 64 and varying >> shift:
-            if (varying >> shift) & 0xFF:
-                counts[:] = 0
-                for j in range(codes.shape[0]):
-                    counts[(source[j] >> shift) & 0xFF] += 1
-                total = 0
-                for digit in range(256):
-                    total, counts[digit] = total + counts[digit], total
-                for j in range(codes.shape[0]):
-                    digit = (source[j] >> shift) & 0xFF
-                    target[counts[digit]] = source[j]
-                    counts[digit] += 1
-                source, target = target, source
-            shift += 8
-        if source is not codes:
-            codes[:] = source
+    buffer_kernels = _compiled_buffer._kernels()
+    encode, decode, radix_sort = (buffer_kernels[name] for name in ("encode", "decode", "radix_sort"))
 
     @jit
     def sort_rows(key_bits, items, gap, near_limit, sorted_keys, sorted_items, near):
         n = key_bits.shape[1]
         codes, scratch, counts = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), np.empty(256, np.int64)
         for r in range(key_bits.shape[0]):
+            in_order = True
             for j in range(n):
-                bits = np.int64(key_bits[r, j])
-                ordered = bits if bits >= 0 else -(bits & 0x7FFFFFFF)  # monotone in the float value
-                codes[j] = ((ordered + 2**31) << 31) + items[r, j]  # (key, item): 32 + 31 bits, >= 0
-            radix_sort(codes, scratch, counts)
+                codes[j] = encode(key_bits[r, j], items[r, j])
+                in_order &= j == 0 or codes[j] >= codes[j - 1]
+            if not in_order:  # (the compiled buffer returns its rows sorted)
+                radix_sort(codes, scratch, counts)
             for j in range(n):
-                ordered = (codes[j] >> 31) - 2**31
-                bits = ordered if ordered >= 0 else (-ordered) | -0x80000000
-                sorted_keys[r, j] = np.int32(bits)
-                sorted_items[r, j] = codes[j] & 0x7FFFFFFF
+                sorted_keys[r, j], sorted_items[r, j] = decode(codes[j])
             keys = sorted_keys[r].view(np.float32)
             for j in range(n):
                 if keys[j] <= near_limit[r]:
