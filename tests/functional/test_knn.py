@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from torch import Tensor
 
-from torchmetrics_retrieval.functional import _compiled_buffer
+from torchmetrics_retrieval.functional import _compiled_buffer, _stream_topk
 from torchmetrics_retrieval.functional.knn import DISTANCES, Distance, KNNBackend, distance_blocks, knn
 
 
@@ -263,6 +263,7 @@ def test_estimated_thresholds_that_fall_short_are_searched_again(
     # sample unrepresentative: the sampled rows are unit vectors, the others have norm 2, so for a unit
     # query the nearest items are all sampled rows and the estimate (a sample rank below kp) is too low.
     # Those queries must end uncertified after round 1 and exact after round 2.
+    monkeypatch.setattr(_stream_topk, "sample_size", lambda n_gallery, kp: n_gallery // 4)
     x = torch.nn.functional.normalize(torch.randn(8192, 8, generator=torch.Generator().manual_seed(0)), dim=1) * 2
     x[::4] /= 2
     rounds, ranged = record_rounds(monkeypatch), record_range_searches(monkeypatch)
@@ -327,13 +328,19 @@ def test_faiss_range_search_with_exclusions_matches_reference(
 
 
 def test_faiss_stage_searches_top_k_when_the_sample_is_the_whole_gallery(monkeypatch: pytest.MonkeyPatch) -> None:
-    # 1100 items and k = 64: large enough for a range search by its size rule, but the threshold sample
-    # would be the whole gallery (no threshold at all). It once crashed on the empty range result.
+    # A threshold sample as large as the gallery gives no threshold at all: the range search would return
+    # nothing (it once crashed on that empty result). The stage then takes the top-k search.
+    whole = lambda n_gallery, kp: n_gallery  # noqa: E731
+    monkeypatch.setattr(_stream_topk, "sample_size", whole)
+    monkeypatch.setattr(KNN_MODULE, "sample_size", whole)
     x = torch.randn(1100, 8, generator=torch.Generator().manual_seed(9))
     ranged = record_range_searches(monkeypatch)
     result = knn(x[:50], x, 64, backend="faiss")
     assert ranged == []
     assert_matches_reference(result, reference_knn(x[:50], x, 64, "euclidean"), exact_distances=True)
+    problem = KNN_MODULE._make_problem(x[:50], x, "euclidean", KNN_MODULE._Exclusions(None, None, None), False)
+    empty = KNN_MODULE._FaissStage(problem, use_gpu=False)._range(torch.arange(50), 66)
+    assert not bool(empty.ok.any()) and bool((empty.floor < -1e38).all())  # nothing found, nothing certified
 
 
 def exact_keys(query: Tensor, gallery: Tensor, distance: str) -> Tensor:

@@ -9,11 +9,11 @@ import torch
 
 from torchmetrics_retrieval.functional import _compiled_buffer, knn
 from torchmetrics_retrieval.functional._stream_topk import (
-    SAMPLE,
     SEGMENT,
     SIGMAS,
     _below_by_column,
     _below_by_row,
+    sample_size,
     sample_thresholds,
     stream_topk,
     stream_topk_symmetric,
@@ -47,7 +47,7 @@ def test_column_scan_on_a_non_contiguous_block() -> None:
 
 @pytest.mark.parametrize("estimate", [False, True])
 def test_sample_thresholds_bound_the_sample_rank_and_flag_ties(estimate: bool) -> None:
-    # Keys of 300 queries against a 20000-item gallery; the sample is every 20000 / 2048-th item. Without
+    # Keys of 300 queries against a 20000-item gallery, sampled evenly (sample_size items). Without
     # an estimate the threshold is a proven bound: at least the kp-th smallest key over the whole gallery.
     # With it (rank m + 3 (sqrt(m) + 1) over group minima), it is at least that rank of the sample keys.
     g = torch.Generator().manual_seed(3)
@@ -59,8 +59,9 @@ def test_sample_thresholds_bound_the_sample_rank_and_flag_ties(estimate: bool) -
         return keys[rows][:, cols].clone()
 
     tau, crowded = sample_thresholds(n_query, n_gallery, key_fn, kp, lambda *_: None, 64, estimate)
-    sample = torch.arange(SAMPLE) * n_gallery // SAMPLE
-    expected = kp * SAMPLE / n_gallery
+    n_sample = sample_size(n_gallery, kp)
+    sample = torch.arange(n_sample) * n_gallery // n_sample
+    expected = kp * n_sample / n_gallery
     rank = math.ceil(expected + SIGMAS * (math.sqrt(expected) + 1)) if estimate else kp
     assert bool((tau >= keys[:, sample].kthvalue(rank, dim=1).values).all())
     if not estimate:
