@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from torch import Tensor
 
 from torchmetrics_retrieval.functional import _compiled_buffer, _stream_topk
-from torchmetrics_retrieval.functional.knn import DISTANCES, Distance, KNNBackend, distance_blocks, knn
+from torchmetrics_retrieval.functional.knn import DISTANCES, Distance, KNNBackend, distance_blocks, knn, knn_chunks
 
 
 @pytest.fixture(autouse=True, scope="module", params=["compiled scans", "torch scans"])
@@ -385,6 +385,29 @@ def test_stage_keys_stay_within_their_rounding_bound(distance: Distance, dtype: 
 # ----------------------------------------------------------------------------------------------------------------------
 # hand cases
 # ----------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gallery", [False, True])
+def test_knn_chunks_are_the_rows_of_knn(gallery: bool) -> None:
+    g = torch.Generator().manual_seed(10)
+    x, seq = torch.randn(500, 6, generator=g), torch.randint(0, 90, (500,), generator=g)
+    other = torch.randn(300, 6, generator=g) if gallery else None
+    ids = (seq, torch.randint(0, 90, (300,), generator=g)) if gallery else seq
+    whole = knn(x, other, 7, sequence_ids=ids, exact_distances=False)
+    parts = list(knn_chunks(x, other, 7, rows_per_chunk=128, sequence_ids=ids, exact_distances=False))
+    assert [rows.tolist() for rows, _ in parts] == [list(range(s, min(s + 128, 500))) for s in range(0, 500, 128)]
+    for field, expected in zip(KNN_MODULE.KNNResult._fields, whole, strict=True):
+        assert torch.equal(torch.cat([getattr(found, field) for _, found in parts]), expected), field
+
+
+def test_knn_chunks_check_their_arguments_before_the_first_chunk() -> None:
+    x = torch.randn(20, 3)
+    with pytest.raises(ValueError, match="`rows_per_chunk` must be an int >= 1, got 0"):
+        knn_chunks(x, k=1, rows_per_chunk=0)
+    with pytest.raises(ValueError, match="`k` must be an int >= 1, got 0"):
+        knn_chunks(x, k=0, rows_per_chunk=5)  # no iteration needed for the error
+    no_one_eligible = knn_chunks(x, k=3, rows_per_chunk=8, search_groups=torch.arange(20))
+    assert [tuple(found.indices.shape) for _, found in no_one_eligible] == [(8, 0), (8, 0), (4, 0)]
 
 
 def test_duplicate_of_the_query_is_a_real_neighbour() -> None:

@@ -1,6 +1,8 @@
 """retrieval_metrics end to end: hand-computed cases, the slow reference, pytorch-metric-learning, errors."""
 
 import math
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -382,11 +384,17 @@ def test_query_chunks_keep_only_per_query_values(monkeypatch: pytest.MonkeyPatch
     whole, _ = retrieval_metrics(x, y, sequence_ids=seq, return_per_query=True, **extra, **ALL_RANKING)
     monkeypatch.setattr(retrieval_module, "NEIGHBOUR_TABLE_BYTES", 2000)  # a few queries per chunk
     monkeypatch.setattr(retrieval_module, "symmetric_search_fits", lambda n, k: False)
-    searches = []
+    chunks = []
     search = retrieval_module._search
-    monkeypatch.setattr(retrieval_module, "_search", lambda *a, **kw: searches.append(1) or search(*a, **kw))
+
+    def counting(*args: Any, **kwargs: Any) -> Iterator[tuple[torch.Tensor, Any]]:
+        for rows, found in search(*args, **kwargs):
+            chunks.append(rows.numel())
+            yield rows, found
+
+    monkeypatch.setattr(retrieval_module, "_search", counting)
     chunked = retrieval_metrics(x, y, sequence_ids=seq, **extra, **ALL_RANKING)
-    assert len(searches) > 5
+    assert len(chunks) > 5
     assert {k: v.item() for k, v in chunked.items()} == pytest.approx({k: v.item() for k, v in whole.items()})
 
 

@@ -2,7 +2,7 @@
 
 from torchmetrics_retrieval.functional.clustering import clustering_scores, kmeans
 from torchmetrics_retrieval.functional.contrastive import contrastive_accuracy
-from torchmetrics_retrieval.functional.knn import KNNResult, distance_blocks, knn
+from torchmetrics_retrieval.functional.knn import KNNResult, distance_blocks, knn, knn_chunks
 from torchmetrics_retrieval.functional.ranking import (
     average_precision,
     cmc_at_k,
@@ -44,6 +44,7 @@ __all__ = [
     "grouped_mean",
     "kmeans",
     "knn",
+    "knn_chunks",
     "label_match",
     "map_at_k",
     "map_at_r",

@@ -37,7 +37,17 @@ from torchmetrics_retrieval.functional._stream_topk import (
     stream_topk_symmetric,
 )
 
-__all__ = ["BACKENDS", "DISTANCES", "Distance", "DistanceBlock", "KNNBackend", "KNNResult", "distance_blocks", "knn"]
+__all__ = [
+    "BACKENDS",
+    "DISTANCES",
+    "Distance",
+    "DistanceBlock",
+    "KNNBackend",
+    "KNNResult",
+    "distance_blocks",
+    "knn",
+    "knn_chunks",
+]
 
 Distance = Literal["euclidean", "sqeuclidean", "cosine", "dot"]
 KNNBackend = Literal["auto", "torch", "faiss"]
@@ -1081,57 +1091,135 @@ def knn(
         >>> result.distances.tolist()
         [[1.0, 1.0], [0.0, 1.0], [0.0, 1.0], [2.0, 2.0]]
     """
-    k = check_positive_int("k", k)
-    check_choice("distance", distance, DISTANCES)
-    check_choice("backend", backend, BACKENDS)
-    if chunk_size is not None:
-        check_positive_int("chunk_size", chunk_size)
-    if not isinstance(exact_distances, bool):
-        raise TypeError(f"`exact_distances` must be a bool, got {describe(exact_distances)}.")
-    same_set = gallery is None
-    query, gallery_ = _check_query_gallery(query, query if gallery is None else gallery)
-    has_gallery = not same_set
-    exclusions = _check_exclusions(
-        "exclude_self",
-        _self_index(exclude_self, query, gallery),
-        _as_pair("sequence_ids", sequence_ids, has_gallery),
-        _as_pair("search_groups", search_groups, has_gallery),
-        query,
-        gallery_,
+    search = _Search.create(
+        query, gallery, k, distance, exclude_self, sequence_ids, search_groups, backend, chunk_size, exact_distances
     )
-    _check_magnitude("query", query)
-    if has_gallery:
-        _check_magnitude("gallery", gallery_)
-    problem = _make_problem(query, gallery_, distance, exclusions, same_set)
-    n_query, n_gallery = query.shape[0], gallery_.shape[0]
-    k = min(k, n_gallery, int(problem.n_eligible.max()))
-    if k == 0:
-        return _empty_result(n_query, query.dtype, query.device)
-    kp = _candidates_per_query(k, n_gallery)
-    engine = _resolve_backend(backend, problem, kp)
-    stage = (
-        _TorchStage(problem, chunk_size) if engine == "torch" else _FaissStage(problem, use_gpu=engine == "faiss-gpu")
+    return search(torch.arange(search.problem.query.shape[0], device=search.problem.query.device))
+
+
+def knn_chunks(
+    query: Tensor,
+    gallery: Tensor | None = None,
+    k: int = 1,
+    *,
+    rows_per_chunk: int,
+    distance: Distance = "euclidean",
+    exclude_self: bool | Tensor | None = None,
+    sequence_ids: Tensor | tuple[Tensor, Tensor] | None = None,
+    search_groups: Tensor | tuple[Tensor, Tensor] | None = None,
+    backend: KNNBackend = "auto",
+    chunk_size: int | None = None,
+    exact_distances: bool = True,
+) -> Iterator[tuple[Tensor, KNNResult]]:
+    """:func:`knn`, query chunk by query chunk: yields ``(query positions, their KNNResult)`` for
+    consecutive chunks of ``rows_per_chunk`` queries, each identical to those rows of :func:`knn`'s result.
+
+    For consumers that reduce each chunk (metrics) and never need the whole ``(Q, K)`` table; the inputs
+    are checked and the gallery prepared once, before the first chunk. Arguments as in :func:`knn`.
+
+    Example:
+        >>> x = torch.tensor([[0.0], [1.0], [1.0], [3.0]])
+        >>> [(rows.tolist(), found.indices.tolist()) for rows, found in knn_chunks(x, k=1, rows_per_chunk=3)]
+        [([0, 1, 2], [[1], [2], [1]]), ([3], [[1]])]
+    """
+    rows_per_chunk = check_positive_int("rows_per_chunk", rows_per_chunk)
+    search = _Search.create(
+        query, gallery, k, distance, exclude_self, sequence_ids, search_groups, backend, chunk_size, exact_distances
     )
-    return _search_rounds(problem, stage, k, kp, chunk_size, exact_distances)
+    queries = torch.arange(search.problem.query.shape[0], device=search.problem.query.device)
+    return ((rows, search(rows)) for rows in queries.split(rows_per_chunk))
+
+
+class _Search(NamedTuple):
+    """A checked kNN search, ready to answer any subset of its queries."""
+
+    problem: _Problem
+    stage: _TorchStage | _FaissStage | None  # None: no query has an eligible item (K = 0)
+    k: int
+    kp: int
+    chunk_size: int | None
+    exact_distances: bool
+
+    @classmethod
+    def create(
+        cls,
+        query: Tensor,
+        gallery: Tensor | None,
+        k: int,
+        distance: str,
+        exclude_self: bool | Tensor | None,
+        sequence_ids: Tensor | tuple[Tensor, Tensor] | None,
+        search_groups: Tensor | tuple[Tensor, Tensor] | None,
+        backend: str,
+        chunk_size: int | None,
+        exact_distances: bool,
+    ) -> _Search:
+        """Check the arguments (as :func:`knn` documents them) and prepare the gallery and the stage."""
+        k = check_positive_int("k", k)
+        check_choice("distance", distance, DISTANCES)
+        check_choice("backend", backend, BACKENDS)
+        if chunk_size is not None:
+            check_positive_int("chunk_size", chunk_size)
+        if not isinstance(exact_distances, bool):
+            raise TypeError(f"`exact_distances` must be a bool, got {describe(exact_distances)}.")
+        same_set = gallery is None
+        query, gallery_ = _check_query_gallery(query, query if gallery is None else gallery)
+        has_gallery = not same_set
+        exclusions = _check_exclusions(
+            "exclude_self",
+            _self_index(exclude_self, query, gallery),
+            _as_pair("sequence_ids", sequence_ids, has_gallery),
+            _as_pair("search_groups", search_groups, has_gallery),
+            query,
+            gallery_,
+        )
+        _check_magnitude("query", query)
+        if has_gallery:
+            _check_magnitude("gallery", gallery_)
+        problem = _make_problem(query, gallery_, distance, exclusions, same_set)
+        n_gallery = gallery_.shape[0]
+        k = min(k, n_gallery, int(problem.n_eligible.max()))
+        kp = _candidates_per_query(k, n_gallery)
+        if k == 0:
+            return cls(problem, None, 0, 0, chunk_size, exact_distances)
+        engine = _resolve_backend(backend, problem, kp)
+        stage = (
+            _TorchStage(problem, chunk_size)
+            if engine == "torch"
+            else _FaissStage(problem, use_gpu=engine == "faiss-gpu")
+        )
+        return cls(problem, stage, k, kp, chunk_size, exact_distances)
+
+    def __call__(self, queries: Tensor) -> KNNResult:
+        """The result of the queries at the positions ``queries``."""
+        if self.stage is None:
+            return _empty_result(queries.numel(), self.problem.query.dtype, self.problem.query.device)
+        return _search_rounds(self.problem, self.stage, self.k, self.kp, self.chunk_size, self.exact_distances, queries)
 
 
 @ieee_float32_matmul()  # the certificate's rounding bound assumes IEEE float32 products
 def _search_rounds(
-    problem: _Problem, stage: _TorchStage | _FaissStage, k: int, kp: int, chunk_size: int | None, exact_distances: bool
+    problem: _Problem,
+    stage: _TorchStage | _FaissStage,
+    k: int,
+    kp: int,
+    chunk_size: int | None,
+    exact_distances: bool,
+    queries: Tensor,
 ) -> KNNResult:
-    """Rounds of stage 1 + stage 2 over the uncertified queries, doubling the candidates each round."""
-    n_query, n_gallery, device = problem.query.shape[0], problem.gallery.shape[0], problem.query.device
-    distances = torch.empty((n_query, k), dtype=problem.query.dtype, device=device)
-    indices = torch.empty((n_query, k), dtype=torch.long, device=device)
-    valid = torch.empty((n_query, k), dtype=torch.bool, device=device)
-    pending = torch.arange(n_query, device=device)
+    """Rounds of stage 1 + stage 2 over the uncertified ``queries``, doubling the candidates each round."""
+    n_gallery, device = problem.gallery.shape[0], problem.query.device
+    distances = torch.empty((queries.numel(), k), dtype=problem.query.dtype, device=device)
+    indices = torch.empty((queries.numel(), k), dtype=torch.long, device=device)
+    valid = torch.empty((queries.numel(), k), dtype=torch.bool, device=device)
+    pending = torch.arange(queries.numel(), device=device)  # positions within ``queries``
     first_round = True
     while pending.numel():
-        group_rows = max(1, min(ROUND_PAIRS // kp, chunk_size or n_query))
+        group_rows = max(1, min(ROUND_PAIRS // kp, chunk_size or queries.numel()))
         failed = []
         for start in range(0, pending.numel(), group_rows):
             rows = pending[start : start + group_rows]
-            ranked = _rank(problem, rows, stage(rows, kp, first_round), k, exact_distances)
+            ranked = _rank(problem, queries[rows], stage(queries[rows], kp, first_round), k, exact_distances)
             done = rows[ranked.certified]
             distances[done] = ranked.distances[ranked.certified]
             indices[done] = ranked.indices[ranked.certified]

@@ -14,7 +14,7 @@ Result keys (DESIGN.md section 4): ``cmc/{k}``, ``precision/{k}``, ``recall/{k}`
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
@@ -37,7 +37,7 @@ from torchmetrics_retrieval.functional.knn import (
     Distance,
     KNNBackend,
     KNNResult,
-    knn,
+    knn_chunks,
     symmetric_search_fits,
 )
 from torchmetrics_retrieval.functional.reduction import (
@@ -321,7 +321,7 @@ def retrieval_per_query(
         leave_one_out and symmetric_search_fits(n_query, k)
     )
     if keep_neighbours or one_pass:
-        found = _search(qg, options, k, None, symmetric=leave_one_out, exact_distances=keep_neighbours)
+        ((_, found),) = _search(qg, options, k, n_query, symmetric=leave_one_out, exact_distances=keep_neighbours)
         is_relevant = relevance_matrix(
             qg.query_labels, qg.gallery_labels, found.indices, found.valid, options.label_comparison_fn
         )
@@ -330,8 +330,7 @@ def retrieval_per_query(
     else:  # query chunks: only per-query values are kept, never the whole (Q, K) neighbour table
         rows_per_chunk = max(1, NEIGHBOUR_TABLE_BYTES // (k * _NEIGHBOUR_BYTES))
         parts: list[dict[str, Tensor]] = []
-        for rows in torch.arange(n_query, device=qg.query.device).split(rows_per_chunk):
-            part = _search(qg, options, k, rows, symmetric=False, exact_distances=False)
+        for rows, part in _search(qg, options, k, rows_per_chunk, symmetric=False, exact_distances=False):
             hits = relevance_matrix(
                 qg.query_labels[rows], qg.gallery_labels, part.indices, part.valid, options.label_comparison_fn
             )
@@ -367,34 +366,34 @@ def retrieval_per_query(
 
 
 def _search(
-    qg: QueryGallery, options: RetrievalOptions, k: int, rows: Tensor | None, *, symmetric: bool, exact_distances: bool
-) -> KNNResult:
-    """kNN of the queries ``rows`` (None: all); ``symmetric``: the set against itself, each distance once."""
+    qg: QueryGallery, options: RetrievalOptions, k: int, rows_per_chunk: int, *, symmetric: bool, exact_distances: bool
+) -> Iterator[tuple[Tensor, KNNResult]]:
+    """kNN of the queries, chunk by chunk; ``symmetric``: the set against itself, each distance once."""
+    common: dict[str, Any] = {
+        "distance": options.distance,
+        "backend": options.knn_backend,
+        "chunk_size": options.chunk_size,
+        "exact_distances": exact_distances,
+        "rows_per_chunk": max(1, rows_per_chunk),
+    }
     if symmetric:
-        return knn(
+        return knn_chunks(
             qg.query,
             None,
             k,
-            distance=options.distance,
             exclude_self=True,
             sequence_ids=None if qg.sequence_ids is None else qg.sequence_ids[0],
             search_groups=None if qg.search_groups is None else qg.search_groups[0],
-            backend=options.knn_backend,
-            chunk_size=options.chunk_size,
-            exact_distances=exact_distances,
+            **common,
         )
-    pick = slice(None) if rows is None else rows
-    return knn(
-        qg.query[pick],
+    return knn_chunks(
+        qg.query,
         qg.gallery,
         k,
-        distance=options.distance,
-        exclude_self=qg.self_index[pick],
-        sequence_ids=None if qg.sequence_ids is None else (qg.sequence_ids[0][pick], qg.sequence_ids[1]),
-        search_groups=None if qg.search_groups is None else (qg.search_groups[0][pick], qg.search_groups[1]),
-        backend=options.knn_backend,
-        chunk_size=options.chunk_size,
-        exact_distances=exact_distances,
+        exclude_self=qg.self_index,
+        sequence_ids=qg.sequence_ids,
+        search_groups=qg.search_groups,
+        **common,
     )
 
 
