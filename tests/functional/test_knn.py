@@ -410,6 +410,39 @@ def test_knn_chunks_check_their_arguments_before_the_first_chunk() -> None:
     assert [tuple(found.indices.shape) for _, found in no_one_eligible] == [(8, 0), (8, 0), (4, 0)]
 
 
+def test_mixed_runs_are_the_runs_of_near_entries_with_both_kinds_of_items() -> None:
+    near = torch.tensor([[True, True, False, True, True, True], [True, True, True, False, False, True]])
+    relevant = torch.tensor([[True, False, True, True, True, True], [False, False, False, True, True, True]])
+    expected = [[True, True, False, False, False, False], [False, False, False, False, False, False]]
+    assert KNN_MODULE._in_mixed_runs(near, relevant).tolist() == expected
+    assert not bool(KNN_MODULE._in_mixed_runs(torch.zeros(2, 3, dtype=torch.bool), relevant[:, :3]).any())
+
+
+def test_ranks_keep_their_relevance_when_only_mixed_ties_are_ordered_exactly(scan_engine: str) -> None:
+    # Gallery items on 8 circles around the queries (which sit near the origin), 60 per circle: the
+    # float32 keys cannot order a circle's items (their distances differ by float32 rounding of the
+    # coordinates only), the circles are far apart, and a circle's items share a label. Every circle is
+    # then a run of near ties with one label: its exact order does not change the relevance of any rank.
+    g = torch.Generator().manual_seed(12)
+    level = torch.arange(8).repeat_interleave(60) + 1.0
+    angle = torch.rand(480, generator=g) * 2 * torch.pi
+    gallery, gallery_labels = torch.stack([level * angle.cos(), level * angle.sin()], dim=1), level.long() % 2
+    query, query_labels = 1e-3 * torch.randn(50, 2, generator=g), torch.randint(0, 2, (50,), generator=g)
+
+    def relevance(rows: Tensor, items: Tensor) -> Tensor:
+        return gallery_labels[items] == query_labels[rows][:, None]
+
+    whole = knn(query, gallery, 150)
+    chunks = list(knn_chunks(query, gallery, 150, rows_per_chunk=20, exact_distances=False, relevance=relevance))
+    indices, valid = (torch.cat([getattr(found, name) for _, found in chunks]) for name in ("indices", "valid"))
+    everyone = torch.arange(50)
+    assert torch.equal(relevance(everyone, indices) & valid, relevance(everyone, whole.indices) & whole.valid)
+    differ = int((indices != whole.indices).any(dim=1).sum())
+    assert differ > 0 if scan_engine == "compiled scans" else differ == 0  # only the compiled ranking skips
+    with pytest.raises(ValueError, match="`relevance` must be a callable used with exact_distances=False"):
+        knn_chunks(query, gallery, 150, rows_per_chunk=20, relevance=relevance)
+
+
 def test_duplicate_of_the_query_is_a_real_neighbour() -> None:
     x = torch.tensor([[0.0, 0.0], [0.0, 0.0], [3.0, 4.0]])
     for backend in BACKENDS:

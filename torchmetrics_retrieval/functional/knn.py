@@ -50,6 +50,8 @@ __all__ = [
 ]
 
 Distance = Literal["euclidean", "sqeuclidean", "cosine", "dot"]
+#: ``(query positions (R,), gallery positions (R, n)) -> (R, n) bool``: which retrieved items are relevant.
+RelevanceFn = Callable[[Tensor, Tensor], Tensor]
 KNNBackend = Literal["auto", "torch", "faiss"]
 DISTANCES: tuple[str, ...] = ("euclidean", "sqeuclidean", "cosine", "dot")
 BACKENDS: tuple[str, ...] = ("auto", "torch", "faiss")
@@ -821,6 +823,20 @@ def _near_ties(keys: Tensor, gap: Tensor) -> Tensor:
     return torch.empty_like(near).scatter_(1, order, near)
 
 
+def _in_mixed_runs(near: Tensor, relevant: Tensor) -> Tensor:
+    """``(R, n)`` bool: the near entries whose run (maximal stretch of consecutive near entries of a row)
+    holds both relevant and irrelevant items."""
+    if not bool(near.any()):
+        return near
+    starts = near.clone()
+    starts[:, 1:] &= ~near[:, :-1]
+    run = torch.cumsum(starts.view(-1), 0).view(near.shape) - 1  # the run of every near entry
+    size = torch.bincount(run[near])
+    found = torch.bincount(run[near], weights=relevant[near].to(torch.float64), minlength=size.numel())
+    mixed = (found > 0) & (found < size)
+    return near & mixed[run.clamp(min=0)]
+
+
 class _Ranked(NamedTuple):
     distances: Tensor  # (R, K) in the query's dtype
     indices: Tensor  # (R, K) int64
@@ -842,7 +858,14 @@ def _order_by_distance_then_position(distances: Tensor, positions: Tensor) -> Te
     return by_position.gather(1, torch.argsort(distances.gather(1, by_position), dim=1, stable=True))
 
 
-def _rank(problem: _Problem, rows: Tensor, candidates: _Candidates, k: int, exact_distances: bool) -> _Ranked:
+def _rank(
+    problem: _Problem,
+    rows: Tensor,
+    candidates: _Candidates,
+    k: int,
+    exact_distances: bool,
+    relevance: RelevanceFn | None = None,
+) -> _Ranked:
     """Distances of the candidates, stable order by (distance, gallery position), certificate.
 
     With ``exact_distances`` every candidate's distance is recomputed canonically in float64. Without,
@@ -855,7 +878,7 @@ def _rank(problem: _Problem, rows: Tensor, candidates: _Candidates, k: int, exac
     indices, ok, floor, keys, rounding = candidates
     tolerance = _key_tolerance(problem, rows, rounding)
     if not exact_distances and _compiled_buffer.available(ok.device, problem.query.shape[0], problem.gallery.shape[0]):
-        return _rank_compiled(problem, rows, candidates, k, tolerance)
+        return _rank_compiled(problem, rows, candidates, k, tolerance, relevance)
     if exact_distances:
         recompute = ok
     else:
@@ -905,14 +928,27 @@ def _certified(
     return covered | ((n_found >= k) & (upper < bound))
 
 
-def _rank_compiled(problem: _Problem, rows: Tensor, candidates: _Candidates, k: int, tolerance: Tensor) -> _Ranked:
-    """:func:`_rank` without exact distances, ordered by the compiled kernels of ``_compiled_order``."""
+def _rank_compiled(
+    problem: _Problem,
+    rows: Tensor,
+    candidates: _Candidates,
+    k: int,
+    tolerance: Tensor,
+    relevance: RelevanceFn | None,
+) -> _Ranked:
+    """:func:`_rank` without exact distances, ordered by the compiled kernels of ``_compiled_order``.
+
+    With ``relevance``, a run of near ties whose items are all relevant or all irrelevant keeps its key
+    order: any order of it gives every rank the same relevance, so only mixed runs are recomputed.
+    """
     indices, ok, floor, keys, _ = candidates
     keys32 = keys.to(torch.float32).masked_fill(~ok, float("inf"))
     near_limit = _near_duplicate_limit(problem, rows, tolerance)
     keys32, items, near = sort_by_key(keys32, indices.masked_fill(~ok, 0), 2.0 * tolerance, near_limit)
     ok = keys32 < float("inf")
     near &= ok
+    if relevance is not None:
+        near &= _in_mixed_runs(near, relevance(rows, items))
     dtype = problem.query.dtype
     values = torch.zeros(keys32.shape, dtype=dtype)
     pair_rows, slots = torch.nonzero(near, as_tuple=True)
@@ -1110,12 +1146,19 @@ def knn_chunks(
     backend: KNNBackend = "auto",
     chunk_size: int | None = None,
     exact_distances: bool = True,
+    relevance: RelevanceFn | None = None,
 ) -> Iterator[tuple[Tensor, KNNResult]]:
     """:func:`knn`, query chunk by query chunk: yields ``(query positions, their KNNResult)`` for
     consecutive chunks of ``rows_per_chunk`` queries, each identical to those rows of :func:`knn`'s result.
 
     For consumers that reduce each chunk (metrics) and never need the whole ``(Q, K)`` table; the inputs
-    are checked and the gallery prepared once, before the first chunk. Arguments as in :func:`knn`.
+    are checked and the gallery prepared once, before the first chunk. Arguments as in :func:`knn`, and:
+
+    ``relevance`` (only with ``exact_distances=False``): ``fn(query positions (R,), gallery positions
+    (R, n)) -> (R, n) bool``, which retrieved items are relevant. For metrics that depend on the relevance
+    at each rank only: near-tied candidates that are all relevant or all irrelevant may then keep their
+    float32 order instead of the exact one (saving their float64 recomputation), so the indices may differ
+    from :func:`knn`'s within such a stretch, while the relevance of every rank is exactly :func:`knn`'s.
 
     Example:
         >>> x = torch.tensor([[0.0], [1.0], [1.0], [3.0]])
@@ -1123,9 +1166,14 @@ def knn_chunks(
         [([0, 1, 2], [[1], [2], [1]]), ([3], [[1]])]
     """
     rows_per_chunk = check_positive_int("rows_per_chunk", rows_per_chunk)
+    if relevance is not None and (exact_distances or not callable(relevance)):
+        raise ValueError(
+            f"`relevance` must be a callable used with exact_distances=False, got {describe(relevance)} "
+            f"with exact_distances={exact_distances}."
+        )
     search = _Search.create(
         query, gallery, k, distance, exclude_self, sequence_ids, search_groups, backend, chunk_size, exact_distances
-    )
+    )._replace(relevance=relevance)
     queries = torch.arange(search.problem.query.shape[0], device=search.problem.query.device)
     return ((rows, search(rows)) for rows in queries.split(rows_per_chunk))
 
@@ -1139,6 +1187,7 @@ class _Search(NamedTuple):
     kp: int
     chunk_size: int | None
     exact_distances: bool
+    relevance: RelevanceFn | None = None
 
     @classmethod
     def create(
@@ -1194,20 +1243,13 @@ class _Search(NamedTuple):
         """The result of the queries at the positions ``queries``."""
         if self.stage is None:
             return _empty_result(queries.numel(), self.problem.query.dtype, self.problem.query.device)
-        return _search_rounds(self.problem, self.stage, self.k, self.kp, self.chunk_size, self.exact_distances, queries)
+        return _search_rounds(self, self.stage, queries)
 
 
 @ieee_float32_matmul()  # the certificate's rounding bound assumes IEEE float32 products
-def _search_rounds(
-    problem: _Problem,
-    stage: _TorchStage | _FaissStage,
-    k: int,
-    kp: int,
-    chunk_size: int | None,
-    exact_distances: bool,
-    queries: Tensor,
-) -> KNNResult:
+def _search_rounds(search: _Search, stage: _TorchStage | _FaissStage, queries: Tensor) -> KNNResult:
     """Rounds of stage 1 + stage 2 over the uncertified ``queries``, doubling the candidates each round."""
+    problem, k, kp, chunk_size = search.problem, search.k, search.kp, search.chunk_size
     n_gallery, device = problem.gallery.shape[0], problem.query.device
     distances = torch.empty((queries.numel(), k), dtype=problem.query.dtype, device=device)
     indices = torch.empty((queries.numel(), k), dtype=torch.long, device=device)
@@ -1219,7 +1261,8 @@ def _search_rounds(
         failed = []
         for start in range(0, pending.numel(), group_rows):
             rows = pending[start : start + group_rows]
-            ranked = _rank(problem, queries[rows], stage(queries[rows], kp, first_round), k, exact_distances)
+            candidates = stage(queries[rows], kp, first_round)
+            ranked = _rank(problem, queries[rows], candidates, k, search.exact_distances, search.relevance)
             done = rows[ranked.certified]
             distances[done] = ranked.distances[ranked.certified]
             indices[done] = ranked.indices[ranked.certified]

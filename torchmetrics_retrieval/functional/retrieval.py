@@ -376,6 +376,12 @@ def _search(
         "exact_distances": exact_distances,
         "rows_per_chunk": max(1, rows_per_chunk),
     }
+    if not exact_distances:  # the metrics need the relevance of each rank only, not the exact tie order
+
+        def relevance(rows: Tensor, items: Tensor) -> Tensor:
+            return relevance_matrix(qg.query_labels[rows], qg.gallery_labels, items, None, options.label_comparison_fn)
+
+        common["relevance"] = relevance
     if symmetric:
         return knn_chunks(
             qg.query,
