@@ -107,11 +107,16 @@ def _kernels() -> dict[str, Any]:
         fill[row] = kp
         tau[row] = kth
 
+    byte_ones = np.uint64(0x0101010101010101)  # bit 0 of every byte of a word
+    byte_index = np.uint64(0x0001020304050607)  # (2**(8 j) * byte_index) >> 56 == j
+    one, top_byte = np.uint64(1), np.uint64(56)
+
     @jit
     def scan(block, row0, col0, keys, items, fill, tau, kp, passing, columns):
         # One pass over each block row: a vectorised compare marks the entries below their row's threshold
-        # (bit 1) and, with ``columns``, below their column's (bit 2); only the 8-entry words with a mark
-        # are visited entry by entry. Thresholds only fall, so a mark is re-checked before the append.
+        # (bit 1) and, with ``columns``, below their column's (bit 2); then only the 8-entry words with a
+        # mark are visited, mark by mark (lowest set bit first). Thresholds only fall, so a mark is checked
+        # again before its append.
         width, n_cols = keys.shape[1], block.shape[1]
         column_tau = tau[col0 : col0 + n_cols]  # a view: follows the compactions
         words = passing.view(np.uint64)
@@ -124,29 +129,34 @@ def _kernels() -> dict[str, Any]:
             else:
                 for b in range(n_cols):
                     passing[b] = line[b] < row_tau
+            passing[n_cols : 8 * ((n_cols + 7) // 8)] = 0
             for w in range((n_cols + 7) // 8):
-                if words[w] == 0:
+                word = words[w]
+                if word == 0:
                     continue
-                for b in range(8 * w, min(8 * w + 8, n_cols)):
-                    mark = passing[b]
-                    if mark == 0:
-                        continue
-                    value = line[b]
-                    if mark & 1:
-                        if fill[row] == width:  # full: keep the best kp, lower the threshold
-                            compact(keys, items, fill, tau, row, kp)
-                        if value < tau[row]:
-                            keys[row, fill[row]] = value
-                            items[row, fill[row]] = col0 + b
-                            fill[row] += 1
-                    if mark & 2:
-                        column = col0 + b
-                        if fill[column] == width:
-                            compact(keys, items, fill, tau, column, kp)
-                        if value < tau[column]:
-                            keys[column, fill[column]] = value
-                            items[column, fill[column]] = row0 + a
-                            fill[column] += 1
+                marks = word & byte_ones
+                while marks:
+                    lowest = marks & (~marks + one)
+                    marks ^= lowest
+                    b = 8 * w + np.int64((lowest * byte_index) >> top_byte)
+                    if fill[row] == width:  # full: keep the best kp, lower the threshold
+                        compact(keys, items, fill, tau, row, kp)
+                    if line[b] < tau[row]:
+                        keys[row, fill[row]] = line[b]
+                        items[row, fill[row]] = col0 + b
+                        fill[row] += 1
+                marks = (word >> one) & byte_ones
+                while marks:
+                    lowest = marks & (~marks + one)
+                    marks ^= lowest
+                    b = 8 * w + np.int64((lowest * byte_index) >> top_byte)
+                    column = col0 + b
+                    if fill[column] == width:
+                        compact(keys, items, fill, tau, column, kp)
+                    if line[b] < tau[column]:
+                        keys[column, fill[column]] = line[b]
+                        items[column, fill[column]] = row0 + a
+                        fill[column] += 1
 
     @jit
     def finish(keys, items, fill, tau, kp):
