@@ -138,23 +138,23 @@ def _kernels() -> dict[str, Any]:
                 while marks:
                     lowest = marks & (~marks + one)
                     marks ^= lowest
-                    b = 8 * w + np.int64((lowest * byte_index) >> top_byte)
+                    entry = 8 * w + int((lowest * byte_index) >> top_byte)
                     if fill[row] == width:  # full: keep the best kp, lower the threshold
                         compact(keys, items, fill, tau, row, kp)
-                    if line[b] < tau[row]:
-                        keys[row, fill[row]] = line[b]
-                        items[row, fill[row]] = col0 + b
+                    if line[entry] < tau[row]:
+                        keys[row, fill[row]] = line[entry]
+                        items[row, fill[row]] = col0 + entry
                         fill[row] += 1
                 marks = (word >> one) & byte_ones
                 while marks:
                     lowest = marks & (~marks + one)
                     marks ^= lowest
-                    b = 8 * w + np.int64((lowest * byte_index) >> top_byte)
-                    column = col0 + b
+                    entry = 8 * w + int((lowest * byte_index) >> top_byte)
+                    column = col0 + entry
                     if fill[column] == width:
                         compact(keys, items, fill, tau, column, kp)
-                    if line[b] < tau[column]:
-                        keys[column, fill[column]] = line[b]
+                    if line[entry] < tau[column]:
+                        keys[column, fill[column]] = line[entry]
                         items[column, fill[column]] = row0 + a
                         fill[column] += 1
 
