@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from torchmetrics_retrieval.functional._compiled_order import order_runs, sort_by_key
+from torchmetrics_retrieval.functional._compiled_order import mixed_runs, order_runs, sort_by_key
 
 INF = float("inf")
 
@@ -40,3 +40,12 @@ def test_sort_by_key_matches_a_stable_sort_on_mixed_rows() -> None:
     order = by_item.gather(1, keys.gather(1, by_item).argsort(dim=1, stable=True))
     assert torch.equal(sorted_keys, keys.gather(1, order))
     assert torch.equal(sorted_items, items.gather(1, order))
+
+
+def test_mixed_runs_are_the_runs_of_near_entries_with_both_kinds_of_items() -> None:
+    near = torch.tensor([[True, True, False, True, True, True], [True, True, True, False, False, True]])
+    relevant = torch.tensor([[True, False, True, True, True, True], [False, False, False, True, True, True]])
+    expected = [[True, True, False, False, False, False], [False, False, False, False, False, False]]
+    assert mixed_runs(near, relevant).tolist() == expected
+    assert near[0].tolist() == [True, True, False, True, True, True]  # the input is left alone
+    assert not bool(mixed_runs(torch.zeros(2, 3, dtype=torch.bool), relevant[:, :3]).any())

@@ -410,14 +410,6 @@ def test_knn_chunks_check_their_arguments_before_the_first_chunk() -> None:
     assert [tuple(found.indices.shape) for _, found in no_one_eligible] == [(8, 0), (8, 0), (4, 0)]
 
 
-def test_mixed_runs_are_the_runs_of_near_entries_with_both_kinds_of_items() -> None:
-    near = torch.tensor([[True, True, False, True, True, True], [True, True, True, False, False, True]])
-    relevant = torch.tensor([[True, False, True, True, True, True], [False, False, False, True, True, True]])
-    expected = [[True, True, False, False, False, False], [False, False, False, False, False, False]]
-    assert KNN_MODULE._in_mixed_runs(near, relevant).tolist() == expected
-    assert not bool(KNN_MODULE._in_mixed_runs(torch.zeros(2, 3, dtype=torch.bool), relevant[:, :3]).any())
-
-
 def test_ranks_keep_their_relevance_when_only_mixed_ties_are_ordered_exactly(scan_engine: str) -> None:
     # Gallery items on 8 circles around the queries (which sit near the origin), 60 per circle: the
     # float32 keys cannot order a circle's items (their distances differ by float32 rounding of the

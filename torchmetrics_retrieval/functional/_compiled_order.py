@@ -9,6 +9,9 @@ Two per-row passes around the float64 recomputation of the near ties:
   position). An unflagged candidate is further than ``gap`` from both neighbours, so its place in the
   key order is its place in the exact order.
 
+When only the relevance of each rank counts, :func:`mixed_runs` keeps the flags of the runs that hold
+both relevant and irrelevant items: any order of the other runs gives every rank the same relevance.
+
 The torch equivalent (two full sorts and several (rows, candidates) temporaries) is the fallback.
 """
 
@@ -22,7 +25,7 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional import _compiled_buffer
 
-__all__ = ["order_runs", "sort_by_key"]
+__all__ = ["mixed_runs", "order_runs", "sort_by_key"]
 
 
 def _kernels() -> dict[str, Any]:
@@ -82,7 +85,23 @@ def _kernels() -> dict[str, Any]:
                         b -= 1
                     order[r, b] = moving
 
-    _KERNELS.update(sort_rows=sort_rows, sort_runs=sort_runs)
+    @jit
+    def clear_uniform_runs(near, relevant):
+        n = near.shape[1]
+        for r in range(near.shape[0]):
+            j = 0
+            while j < n:
+                if not near[r, j]:
+                    j += 1
+                    continue
+                start, found = j, 0
+                while j < n and near[r, j]:
+                    found += relevant[r, j]
+                    j += 1
+                if found == 0 or found == j - start:
+                    near[r, start:j] = False
+
+    _KERNELS.update(sort_rows=sort_rows, sort_runs=sort_runs, clear_uniform_runs=clear_uniform_runs)
     return _KERNELS
 
 
@@ -119,3 +138,11 @@ def order_runs(values: Tensor, items: Tensor, near: Tensor) -> Tensor:
     order = np.empty(values.shape, dtype=np.int64)
     _kernels()["sort_runs"](values.contiguous().numpy(), items.contiguous().numpy(), near.numpy(), order)
     return torch.from_numpy(order)
+
+
+def mixed_runs(near: Tensor, relevant: Tensor) -> Tensor:
+    """``(R, n)`` bool: the entries of the runs of consecutive ``near`` entries that hold both relevant and
+    irrelevant items (the other runs can keep any order without changing the relevance of a rank)."""
+    mixed = near.numpy().copy()
+    _kernels()["clear_uniform_runs"](mixed, relevant.contiguous().numpy())
+    return torch.from_numpy(mixed)

@@ -26,7 +26,7 @@ from torchmetrics_retrieval.functional._checks import (
     check_same_length,
     describe,
 )
-from torchmetrics_retrieval.functional._compiled_order import order_runs, sort_by_key
+from torchmetrics_retrieval.functional._compiled_order import mixed_runs, order_runs, sort_by_key
 from torchmetrics_retrieval.functional._precision import ieee_float32_matmul
 from torchmetrics_retrieval.functional._stream_topk import (
     addmm_keys,
@@ -823,20 +823,6 @@ def _near_ties(keys: Tensor, gap: Tensor) -> Tensor:
     return torch.empty_like(near).scatter_(1, order, near)
 
 
-def _in_mixed_runs(near: Tensor, relevant: Tensor) -> Tensor:
-    """``(R, n)`` bool: the near entries whose run (maximal stretch of consecutive near entries of a row)
-    holds both relevant and irrelevant items."""
-    if not bool(near.any()):
-        return near
-    starts = near.clone()
-    starts[:, 1:] &= ~near[:, :-1]
-    run = torch.cumsum(starts.view(-1), 0).view(near.shape) - 1  # the run of every near entry
-    size = torch.bincount(run[near])
-    found = torch.bincount(run[near], weights=relevant[near].to(torch.float64), minlength=size.numel())
-    mixed = (found > 0) & (found < size)
-    return near & mixed[run.clamp(min=0)]
-
-
 class _Ranked(NamedTuple):
     distances: Tensor  # (R, K) in the query's dtype
     indices: Tensor  # (R, K) int64
@@ -948,7 +934,7 @@ def _rank_compiled(
     ok = keys32 < float("inf")
     near &= ok
     if relevance is not None:
-        near &= _in_mixed_runs(near, relevance(rows, items))
+        near = mixed_runs(near, relevance(rows, items))
     dtype = problem.query.dtype
     values = torch.zeros(keys32.shape, dtype=dtype)
     pair_rows, slots = torch.nonzero(near, as_tuple=True)
