@@ -431,8 +431,10 @@ def test_ranks_keep_their_relevance_when_only_mixed_ties_are_ordered_exactly(sca
     assert torch.equal(relevance(everyone, indices) & valid, relevance(everyone, whole.indices) & whole.valid)
     differ = int((indices != whole.indices).any(dim=1).sum())
     assert differ > 0 if scan_engine == "compiled scans" else differ == 0  # only the compiled ranking skips
-    with pytest.raises(ValueError, match="`relevance` must be a callable used with exact_distances=False"):
+    with pytest.raises(ValueError, match="`relevance` needs exact_distances=False, got exact_distances=True"):
         knn_chunks(query, gallery, 150, rows_per_chunk=20, relevance=relevance)
+    with pytest.raises(TypeError, match="`relevance` must be None or a callable, got"):
+        knn_chunks(query, gallery, 150, rows_per_chunk=20, exact_distances=False, relevance=[1])  # type: ignore[arg-type]
 
 
 def test_duplicate_of_the_query_is_a_real_neighbour() -> None:

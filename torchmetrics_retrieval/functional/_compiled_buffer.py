@@ -1,8 +1,9 @@
 """Per-query candidate buffers filled by compiled scans (numba): stage 1 of the torch backend on the CPU.
 
-A block of keys is scanned entry by entry in compiled code: an entry below its query's threshold ``tau``
-is appended to that query's buffer, and a full buffer is cut back to its best ``kp`` entries, which lowers
-``tau`` to the ``kp``-th key. One pass over the block, no temporaries: the same running-threshold selection
+A block of keys is scanned in compiled code: an entry below its query's threshold ``tau`` is appended to
+that query's buffer, and a full buffer is cut back to its best ``kp`` entries, which lowers ``tau`` to the
+``kp``-th key. A block of symmetric keys serves its row and its column queries in the same pass. At the end
+every row is radix-sorted by (key, position) and cut to ``kp``. No temporaries: the same running-threshold selection
 as :class:`~torchmetrics_retrieval.functional._stream_topk._Buffer`, which needs several torch passes
 (compare, nonzero, gather, topk) per block and costs more than the matrix product at large ``kp``.
 

@@ -1152,11 +1152,10 @@ def knn_chunks(
         [([0, 1, 2], [[1], [2], [1]]), ([3], [[1]])]
     """
     rows_per_chunk = check_positive_int("rows_per_chunk", rows_per_chunk)
-    if relevance is not None and (exact_distances or not callable(relevance)):
-        raise ValueError(
-            f"`relevance` must be a callable used with exact_distances=False, got {describe(relevance)} "
-            f"with exact_distances={exact_distances}."
-        )
+    if relevance is not None and not callable(relevance):
+        raise TypeError(f"`relevance` must be None or a callable, got {describe(relevance)}.")
+    if relevance is not None and exact_distances is not False:
+        raise ValueError(f"`relevance` needs exact_distances=False, got exact_distances={exact_distances!r}.")
     search = _Search.create(
         query, gallery, k, distance, exclude_self, sequence_ids, search_groups, backend, chunk_size, exact_distances
     )._replace(relevance=relevance)

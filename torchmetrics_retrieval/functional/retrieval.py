@@ -282,9 +282,10 @@ def retrieval_per_query(
     never held whole (unless a leave-one-out search takes the symmetric pass, whose candidate buffer is
     larger): queries are searched in chunks and only their per-query values are kept (the result's
     ``indices``, ``distances``, ``valid`` and ``is_relevant`` then have zero columns). The
-    search then also skips the float64 recomputation of distances that the ranking does not need
-    (``knn(..., exact_distances=False)``): the neighbours are the same, a kept table's distances are
-    those of the float32 search, within its rounding bound.
+    search then also skips the float64 recomputation that the ranking values do not need
+    (``knn_chunks(..., exact_distances=False, relevance=...)``): every rank has the same relevance as with
+    exact distances, but in a kept table near-tied items of the same relevance may come in another order,
+    and the distances are those of the float32 search, within its rounding bound.
     """
     options = options or RetrievalOptions()
     if options.normalize:
