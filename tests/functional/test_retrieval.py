@@ -1,6 +1,7 @@
 """retrieval_metrics end to end: hand-computed cases, the slow reference, pytorch-metric-learning, errors."""
 
 import math
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -413,3 +414,35 @@ def test_leave_one_out_takes_one_symmetric_pass_when_its_buffer_fits(monkeypatch
     once = retrieval_metrics(x, y, **ALL_RANKING)
     assert searches == [True]
     assert {k: v.item() for k, v in once.items()} == pytest.approx({k: v.item() for k, v in whole.items()})
+
+
+def test_metrics_only_path_skips_uniform_ties_and_keeps_every_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Gallery items on 8 circles around the queries (float32 keys cannot order a circle), 2-D labels and a
+    # custom comparison, compiled kernels forced on: the metrics-only search orders only the runs of near
+    # ties that mix relevant and irrelevant items (through retrieval's relevance function, which must see
+    # each query's own labels), and every per-query value equals the exact search's.
+    import torchmetrics_retrieval.functional.retrieval as retrieval_module
+    from torchmetrics_retrieval.functional import _compiled_buffer, knn
+
+    monkeypatch.setattr(_compiled_buffer, "MIN_PAIRS", 0)
+    g = torch.Generator().manual_seed(13)
+    level = torch.arange(8).repeat_interleave(60) + 1.0
+    angle = torch.rand(480, generator=g) * 2 * torch.pi
+    circles = torch.stack([level * angle.cos(), level * angle.sin()], dim=1)
+    x = torch.cat([1e-3 * torch.randn(50, 2, generator=g), circles])
+    # circle items labelled 0 or 1 at random, queries 0, 1 or 2: a circle is a mixed run for a query of label
+    # 0 or 1 and a uniform one (all irrelevant) for a query of label 2
+    first = torch.cat([torch.randint(0, 3, (50,), generator=g), torch.randint(0, 2, (480,), generator=g)])
+    labels = torch.stack([first, torch.zeros(530, dtype=torch.long)], dim=1)
+    split = {"is_query": torch.arange(530) < 50, "is_gallery": torch.arange(530) >= 50}
+    options = RetrievalOptions.create(label_comparison_fn=lambda a, b: (a == b).all(dim=-1), **ALL_RANKING)
+    exact = retrieval_per_query(x, labels, options=options, **split)
+    monkeypatch.setattr(retrieval_module, "NEIGHBOUR_TABLE_BYTES", 40000)  # query chunks
+    knn_module = sys.modules[knn.__module__]
+    calls = []
+    mixed_runs = knn_module.mixed_runs
+    monkeypatch.setattr(knn_module, "mixed_runs", lambda *a: calls.append(1) or mixed_runs(*a))
+    fast = retrieval_per_query(x, labels, options=options, keep_neighbours=False, **split)
+    assert len(calls) > 1 and fast.indices.shape[1] == 0  # the chunked, metrics-only search
+    for key, expected in exact.values.items():
+        assert torch.allclose(fast.values[key], expected, rtol=0.0, atol=1e-6), key
