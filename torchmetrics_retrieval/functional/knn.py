@@ -380,6 +380,14 @@ class _Problem(NamedTuple):
     gallery_sq64: Tensor  # (G,) canonical <g, g>
     symmetric: bool  # the set against itself with symmetric exclusions: each distance serves both sides
 
+    def stage_query(self, rows: Tensor) -> Tensor:
+        """The float32 stage-1 rows of the queries ``rows`` (see :func:`_stage_rows`)."""
+        return _stage_rows(self.query64[rows], self.query_sq64[rows], self.distance)[0]
+
+    def stage_gallery(self) -> tuple[Tensor, Tensor | None]:
+        """The float32 stage-1 gallery rows and squared norms (L2 only)."""
+        return _stage_rows(self.gallery64, self.gallery_sq64, self.distance)
+
 
 def _take_rows(exclusions: _Exclusions, rows: Tensor) -> _Exclusions:
     """The exclusions of a subset of the queries."""
@@ -548,7 +556,7 @@ class _TorchStage:
 
     def __init__(self, problem: _Problem, chunk_size: int | None) -> None:
         self.problem = problem
-        gallery, gallery_sq = _stage_rows(problem.gallery64, problem.gallery_sq64, problem.distance)
+        gallery, gallery_sq = problem.stage_gallery()
         self.gallery = gallery
         self.bias = gallery_sq if gallery_sq is not None else torch.zeros_like(gallery[:, 0])
         self.alpha = -2.0 if gallery_sq is not None else -1.0
@@ -588,7 +596,7 @@ class _TorchStage:
 
     def _search(self, rows: Tensor, kp: int, estimate: bool) -> _Candidates:
         problem = self.problem
-        query, _ = _stage_rows(problem.query64[rows], problem.query_sq64[rows], problem.distance)
+        query = problem.stage_query(rows)
         mask = functools.partial(_mask_excluded_, _take_rows(problem.exclusions, rows))
         found = stream_topk(
             query,
@@ -630,7 +638,7 @@ class _FaissStage:
     def __init__(self, problem: _Problem, *, use_gpu: bool) -> None:
         faiss = _faiss_module()
         self.problem = problem
-        gallery, gallery_sq = _stage_rows(problem.gallery64, problem.gallery_sq64, problem.distance)
+        gallery, gallery_sq = problem.stage_gallery()
         self.l2 = gallery_sq is not None
         self.gallery, self.bias = gallery, gallery_sq if gallery_sq is not None else torch.zeros_like(gallery[:, 0])
         self.alpha = -2.0 if self.l2 else -1.0
@@ -659,7 +667,7 @@ class _FaissStage:
         """Exact float32 top-k selection: the largest candidate key is the floor of a full row."""
         problem = self.problem
         n_fetch = min(problem.gallery.shape[0], kp + int(self.n_excluded[rows].max()))
-        query, _ = _stage_rows(problem.query64[rows], problem.query_sq64[rows], problem.distance)
+        query = problem.stage_query(rows)
         values_np, labels_np = self.index.search(self._augmented(query), n_fetch)
         device = rows.device
         labels = torch.from_numpy(labels_np).to(device)
@@ -683,7 +691,7 @@ class _FaissStage:
         floor -inf: they are searched again.
         """
         problem, device = self.problem, rows.device
-        query, _ = _stage_rows(problem.query64[rows], problem.query_sq64[rows], problem.distance)
+        query = problem.stage_query(rows)
         exclusions = _take_rows(problem.exclusions, rows)
         key_fn = addmm_keys(query, self.gallery, self.bias, self.alpha)
         mask = functools.partial(_mask_excluded_, exclusions)

@@ -87,10 +87,12 @@ def _safe_divide(numerator: Tensor, denominator: Tensor) -> Tensor:
     return torch.where(denominator > 0, numerator / denominator.clamp(min=1e-30), torch.zeros_like(numerator))
 
 
-def _hit_counts(is_relevant: Tensor, columns: Tensor | None = None) -> Tensor:
-    """Running count of relevant items, up to the last of ``columns`` (default: every column)."""
-    if columns is not None and is_relevant.shape[1]:
-        is_relevant = is_relevant[:, : int(columns.max()) + 1]
+def _up_to_last(is_relevant: Tensor, columns: Tensor) -> Tensor:
+    """The columns of ``is_relevant`` up to the last cutoff column (the others serve no cutoff)."""
+    return is_relevant[:, : int(columns.max()) + 1] if is_relevant.shape[1] else is_relevant
+
+
+def _hit_counts(is_relevant: Tensor) -> Tensor:
     return is_relevant.cumsum(dim=1, dtype=torch.float32)
 
 
@@ -115,7 +117,7 @@ def cmc_at_k(is_relevant: Tensor, n_relevant: Tensor, top_k: TopK) -> Tensor:
     """
     _check_hits(is_relevant, n_relevant)
     _, columns, single = _cutoffs(top_k, is_relevant.shape[1], is_relevant.device)
-    return (_at_cutoffs(_hit_counts(is_relevant, columns), columns, single) > 0).float()
+    return (_at_cutoffs(_hit_counts(_up_to_last(is_relevant, columns)), columns, single) > 0).float()
 
 
 def precision_at_k(
@@ -143,7 +145,7 @@ def precision_at_k(
     _check_hits(is_relevant, n_relevant)
     check_choice("mode", mode, ("min_k_n", "standard"))
     k, columns, single = _cutoffs(top_k, is_relevant.shape[1], is_relevant.device)
-    found = _at_cutoffs(_hit_counts(is_relevant, columns), columns, single)
+    found = _at_cutoffs(_hit_counts(_up_to_last(is_relevant, columns)), columns, single)
     size = n_relevant if mode == "min_k_n" else n_candidates
     if size is None:
         denominator = k[0].expand(found.shape[0]) if single else k[None, :].expand_as(found)
@@ -161,7 +163,8 @@ def recall_at_k(is_relevant: Tensor, n_relevant: Tensor, top_k: TopK) -> Tensor:
     """
     _check_hits(is_relevant, n_relevant)
     _, columns, single = _cutoffs(top_k, is_relevant.shape[1], is_relevant.device)
-    return _safe_divide(_at_cutoffs(_hit_counts(is_relevant, columns), columns, single), _expand(n_relevant, single))
+    found = _at_cutoffs(_hit_counts(_up_to_last(is_relevant, columns)), columns, single)
+    return _safe_divide(found, _expand(n_relevant, single))
 
 
 def map_at_k(is_relevant: Tensor, n_relevant: Tensor, top_k: TopK) -> Tensor:
@@ -176,8 +179,8 @@ def map_at_k(is_relevant: Tensor, n_relevant: Tensor, top_k: TopK) -> Tensor:
     """
     _check_hits(is_relevant, n_relevant)
     _, columns, single = _cutoffs(top_k, is_relevant.shape[1], is_relevant.device)
-    counts = _hit_counts(is_relevant, columns)
-    hits = is_relevant[:, : counts.shape[1]]
+    hits = _up_to_last(is_relevant, columns)
+    counts = _hit_counts(hits)
     precision_sum = (counts / _ranks(counts.shape[1], counts.device) * hits).cumsum(dim=1)
     return _safe_divide(_at_cutoffs(precision_sum, columns, single), _at_cutoffs(counts, columns, single))
 
@@ -193,8 +196,8 @@ def ndcg_at_k(is_relevant: Tensor, n_relevant: Tensor, top_k: TopK) -> Tensor:
     k, columns, single = _cutoffs(top_k, is_relevant.shape[1], is_relevant.device)
     n_columns = is_relevant.shape[1]
     discounts = 1.0 / torch.log2(_ranks(n_columns, is_relevant.device) + 1.0)
-    last = int(columns.max()) + 1 if n_columns else 0
-    gain = _at_cutoffs((is_relevant[:, :last] * discounts[:last]).cumsum(dim=1), columns, single)
+    hits = _up_to_last(is_relevant, columns)
+    gain = _at_cutoffs((hits * discounts[: hits.shape[1]]).cumsum(dim=1), columns, single)
     ideal_table = torch.cat([discounts.new_zeros(1), discounts.cumsum(dim=0)])
     n_ideal = torch.minimum(_expand(n_relevant, single), k[0] if single else k[None, :]).clamp(max=n_columns)
     return _safe_divide(gain, ideal_table[n_ideal])
