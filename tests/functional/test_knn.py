@@ -372,6 +372,7 @@ def test_stage_keys_stay_within_their_rounding_bound(distance: Distance, dtype: 
     searches = {
         "torch": (one_sided, KNN_MODULE._TorchStage(one_sided, None)(rows, 2400, first_round=False)),
         "symmetric": (symmetric, KNN_MODULE._TorchStage(symmetric, None)(rows, 2399, first_round=True)),
+        "symmetric sweep": (symmetric, KNN_MODULE._TorchStage(symmetric, None)._sweep_take(rows, 2399)),
         "faiss top-k": (one_sided, faiss_stage._top(rows, 2400)),
         "faiss range": (one_sided, faiss_stage._range(rows, 100)),
     }

@@ -331,7 +331,7 @@ def retrieval_per_query(
     else:  # query chunks: only per-query values are kept, never the whole (Q, K) neighbour table
         rows_per_chunk = max(1, NEIGHBOUR_TABLE_BYTES // (k * _NEIGHBOUR_BYTES))
         parts: list[dict[str, Tensor]] = []
-        for rows, part in _search(qg, options, k, rows_per_chunk, symmetric=False, exact_distances=False):
+        for rows, part in _search(qg, options, k, rows_per_chunk, symmetric=leave_one_out, exact_distances=False):
             hits = relevance_matrix(
                 qg.query_labels[rows], qg.gallery_labels, part.indices, part.valid, options.label_comparison_fn
             )

@@ -1,0 +1,346 @@
+"""The numba kernels of the compiled stage-1 buffers (:mod:`._compiled_buffer`, :mod:`._symmetric_sweep`) and
+of the compiled stage-2 ordering (:mod:`._compiled_order`), compiled on first use and cached on disk.
+
+Importing this module imports numba (about a second): the modules that use it import it on first use only.
+The kernels are module-level functions: numba keys its disk cache by a function's closure variables too,
+and a kernel defined in a closure that called another kernel missed the cache in every new process (the
+callee pickles with a per-process id), so it was compiled again (about 1.5 s) and one more cache file
+written each time.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+jit = numba.njit(cache=True, nogil=True)
+
+
+@jit
+def encode(bits, item):
+    # (float32 key bits, position < 2**31) -> a non-negative int64 code ordered like (key, position)
+    bits = np.int64(bits)
+    ordered = bits if bits >= 0 else -(bits & 0x7FFFFFFF)  # monotone in the float value (-0.0 -> +0.0)
+    return ((ordered + 2**31) << 31) + item
+
+
+@jit
+def decode(code):
+    ordered = (code >> 31) - 2**31
+    return np.int32(ordered if ordered >= 0 else (-ordered) | -0x80000000), code & 0x7FFFFFFF
+
+
+@jit
+def radix_sort(codes, scratch, counts):
+    # Least-significant-digit radix sort of non-negative int64 codes, 8 bits per pass; digits that are
+    # the same in every code are skipped (a row's keys share their high bits).
+    varying = 0
+    for j in range(codes.shape[0]):
+        varying |= codes[j] ^ codes[0]
+    source, target, shift = codes, scratch, 0
+    while shift < 64 and varying >> shift:
+        if (varying >> shift) & 0xFF:
+            counts[:] = 0
+            for j in range(codes.shape[0]):
+                counts[(source[j] >> shift) & 0xFF] += 1
+            total = 0
+            for digit in range(256):
+                total, counts[digit] = total + counts[digit], total
+            for j in range(codes.shape[0]):
+                digit = (source[j] >> shift) & 0xFF
+                target[counts[digit]] = source[j]
+                counts[digit] += 1
+            source, target = target, source
+        shift += 8
+    if source is not codes:
+        codes[:] = source
+
+
+@jit
+def insertion_sort(codes):
+    for i in range(1, codes.shape[0]):
+        code, j = codes[i], i - 1
+        while j >= 0 and codes[j] > code:
+            codes[j + 1] = codes[j]
+            j -= 1
+        codes[j + 1] = code
+
+
+@jit
+def sort_smallest(codes, scratch, counts, bucket_counts, kept):
+    # The ``kept`` smallest codes in order at the front of ``codes`` (the rest is left in any order).
+    # One pass buckets the codes by their 8 highest varying bits and drops the buckets past the kept-th
+    # code; the buckets left (a few codes each) are sorted one by one.
+    n = codes.shape[0]
+    varying = 0
+    for j in range(n):
+        varying |= codes[j] ^ codes[0]
+    if n <= 64 or varying == 0:
+        radix_sort(codes, scratch, counts)
+        return
+    top = 0
+    while varying >> (top + 1):
+        top += 1
+    shift = max(top - 7, 0)
+    bucket_counts[:] = 0
+    for j in range(n):
+        bucket_counts[(codes[j] >> shift) & 0xFF] += 1
+    last, total = 255, 0
+    for digit in range(256):
+        total += bucket_counts[digit]
+        if total >= kept:
+            last = digit
+            break
+    total = 0
+    for digit in range(last + 1):
+        total, bucket_counts[digit] = total + bucket_counts[digit], total
+    for j in range(n):
+        digit = (codes[j] >> shift) & 0xFF
+        if digit <= last:
+            scratch[bucket_counts[digit]] = codes[j]
+            bucket_counts[digit] += 1
+    begin = 0
+    for digit in range(last + 1):  # bucket ``digit`` is now scratch[begin : bucket_counts[digit]]
+        end = bucket_counts[digit]
+        if end - begin > 32:
+            radix_sort(scratch[begin:end], codes[begin:end], counts)
+        else:
+            insertion_sort(scratch[begin:end])
+        begin = end
+    codes[:total] = scratch[:total]
+
+
+@jit
+def compact(keys, items, fill, tau, row, kp):
+    # The kp-th smallest key by partition, then one stable pass: every key below it, then ties with it.
+    line, line_items, n = keys[row], items[row], fill[row]
+    kth = np.partition(line[:n].copy(), kp - 1)[kp - 1]
+    below = 0
+    for j in range(n):
+        below += line[j] < kth
+    ties = kp - below
+    kept = 0
+    for j in range(n):
+        value = line[j]
+        if value < kth or (value == kth and ties > 0):
+            ties -= value == kth
+            line[kept], line_items[kept] = value, line_items[j]
+            kept += 1
+    line[kp:] = np.inf
+    fill[row] = kp
+    tau[row] = kth
+
+
+byte_ones = np.uint64(0x0101010101010101)  # bit 0 of every byte of a word
+byte_index = np.uint64(0x0001020304050607)  # (2**(8 j) * byte_index) >> 56 == j
+one, top_byte = np.uint64(1), np.uint64(56)
+
+
+@jit
+def scan(block, row0, col0, keys, items, fill, tau, kp, passing, columns):
+    # One pass over each block row: a vectorised compare marks the entries below their row's threshold
+    # (bit 1) and, with ``columns``, below their column's (bit 2); then only the 8-entry words with a
+    # mark are visited, mark by mark (lowest set bit first). Thresholds only fall, so a mark is checked
+    # again before its append. (The row and column appends are written out: a shared helper, even
+    # inlined, made the scan twice as slow in numba 0.68.)
+    width, n_cols = keys.shape[1], block.shape[1]
+    column_tau = tau[col0 : col0 + n_cols]  # a view: follows the compactions
+    words = passing.view(np.uint64)
+    for a in range(block.shape[0]):
+        row, line = row0 + a, block[a]
+        row_tau = tau[row]
+        if columns:
+            for b in range(n_cols):
+                passing[b] = (line[b] < row_tau) | ((line[b] < column_tau[b]) << 1)
+        else:
+            for b in range(n_cols):
+                passing[b] = line[b] < row_tau
+        passing[n_cols : 8 * ((n_cols + 7) // 8)] = 0
+        for w in range((n_cols + 7) // 8):
+            word = words[w]
+            if word == 0:
+                continue
+            marks = word & byte_ones
+            while marks:
+                lowest = marks & (~marks + one)
+                marks ^= lowest
+                entry = 8 * w + int((lowest * byte_index) >> top_byte)
+                if fill[row] == width:  # full: keep the best kp, lower the threshold
+                    compact(keys, items, fill, tau, row, kp)
+                if line[entry] < tau[row]:
+                    keys[row, fill[row]] = line[entry]
+                    items[row, fill[row]] = col0 + entry
+                    fill[row] += 1
+            marks = (word >> one) & byte_ones
+            while marks:
+                lowest = marks & (~marks + one)
+                marks ^= lowest
+                entry = 8 * w + int((lowest * byte_index) >> top_byte)
+                column = col0 + entry
+                if fill[column] == width:
+                    compact(keys, items, fill, tau, column, kp)
+                if line[entry] < tau[column]:
+                    keys[column, fill[column]] = line[entry]
+                    items[column, fill[column]] = row0 + a
+                    fill[column] += 1
+
+
+@jit
+def scan_spill(block, row0, item0, col0, keys, items, fill, tau, kp, passing, column_tau, spill, count):
+    # ``scan`` with the column side spilled: an entry below its column query's (fixed) threshold
+    # ``column_tau`` is listed as (column query, item ``item0 + row``, key) in ``spill`` (three arrays) from
+    # ``count`` on. Stops before a row whose columns might not fit the lists; returns (that row, count).
+    targets, sources, values = spill
+    width, n_cols = keys.shape[1], block.shape[1]
+    words = passing.view(np.uint64)
+    for a in range(block.shape[0]):
+        if count + n_cols > targets.shape[0]:
+            return a, count
+        row, line = row0 + a, block[a]
+        row_tau = tau[row]
+        for b in range(n_cols):
+            passing[b] = (line[b] < row_tau) | ((line[b] < column_tau[b]) << 1)
+        passing[n_cols : 8 * ((n_cols + 7) // 8)] = 0
+        for w in range((n_cols + 7) // 8):
+            word = words[w]
+            if word == 0:
+                continue
+            marks = word & byte_ones
+            while marks:
+                lowest = marks & (~marks + one)
+                marks ^= lowest
+                entry = 8 * w + int((lowest * byte_index) >> top_byte)
+                if fill[row] == width:
+                    compact(keys, items, fill, tau, row, kp)
+                if line[entry] < tau[row]:
+                    keys[row, fill[row]] = line[entry]
+                    items[row, fill[row]] = col0 + entry
+                    fill[row] += 1
+            marks = (word >> one) & byte_ones
+            while marks:
+                lowest = marks & (~marks + one)
+                marks ^= lowest
+                entry = 8 * w + int((lowest * byte_index) >> top_byte)
+                targets[count], sources[count], values[count] = col0 + entry, item0 + a, line[entry]
+                count += 1
+    return block.shape[0], count
+
+
+@jit
+def group_spill(spill, count, base, n_targets):
+    # The listed entries grouped by column query (a counting sort): CSR offsets over the queries
+    # ``base .. base + n_targets - 1``, and the items and keys in that order.
+    targets, sources, values = spill
+    offsets = np.zeros(n_targets + 1, np.int64)
+    for e in range(count):
+        offsets[targets[e] - base + 1] += 1
+    for t in range(n_targets):
+        offsets[t + 1] += offsets[t]
+    slot = offsets[:-1].copy()
+    grouped_sources, grouped_values = np.empty(count, np.int32), np.empty(count, np.float32)
+    for e in range(count):
+        t = targets[e] - base
+        grouped_sources[slot[t]], grouped_values[slot[t]] = sources[e], values[e]
+        slot[t] += 1
+    return offsets, grouped_sources, grouped_values
+
+
+@jit
+def append_spilled(keys, items, fill, tau, kp, offsets, sources, values):
+    # Entries grouped by row (CSR ``offsets`` over the rows of the buffer) appended as a scan would.
+    width = keys.shape[1]
+    for row in range(offsets.shape[0] - 1):
+        for e in range(offsets[row], offsets[row + 1]):
+            if fill[row] == width:
+                compact(keys, items, fill, tau, row, kp)
+            if values[e] < tau[row]:
+                keys[row, fill[row]] = values[e]
+                items[row, fill[row]] = sources[e]
+                fill[row] += 1
+
+
+@jit
+def finish(keys, items, fill, tau, kp):
+    # Every row cut to its best kp, sorted by (key, position) (the kp-th key is the new threshold).
+    width = keys.shape[1]
+    codes, scratch = np.empty(width, np.int64), np.empty(width, np.int64)
+    counts, bucket_counts = np.empty(256, np.int64), np.empty(256, np.int64)
+    for row in range(keys.shape[0]):
+        n, bits = fill[row], keys[row].view(np.int32)
+        for j in range(n):
+            codes[j] = encode(bits[j], items[row, j])
+        kept = min(n, kp)
+        sort_smallest(codes[:n], scratch[:n], counts, bucket_counts, kept)
+        for j in range(kept):
+            bits[j], items[row, j] = decode(codes[j])
+        keys[row, kept:] = np.inf
+        items[row, kept:kp] = 0
+        if n > kp:
+            tau[row] = keys[row, kp - 1]
+        fill[row] = kept
+
+
+@jit
+def sort_rows(key_bits, items, gap, near_limit, sorted_keys, sorted_items, near):
+    n = key_bits.shape[1]
+    codes, scratch, counts = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), np.empty(256, np.int64)
+    for r in range(key_bits.shape[0]):
+        in_order = True
+        for j in range(n):
+            codes[j] = encode(key_bits[r, j], items[r, j])
+            in_order &= j == 0 or codes[j] >= codes[j - 1]
+        if not in_order:  # (the compiled buffer returns its rows sorted)
+            radix_sort(codes, scratch, counts)
+        for j in range(n):
+            sorted_keys[r, j], sorted_items[r, j] = decode(codes[j])
+        keys = sorted_keys[r].view(np.float32)
+        for j in range(n):
+            if keys[j] <= near_limit[r]:
+                near[r, j] = True
+            if j and np.float64(keys[j]) - np.float64(keys[j - 1]) <= gap[r]:
+                near[r, j] = near[r, j - 1] = True
+
+
+@jit
+def sort_runs(values, items, near, order):
+    n = values.shape[1]
+    for r in range(values.shape[0]):
+        for j in range(n):
+            order[r, j] = j
+        j = 0
+        while j < n:
+            if not near[r, j]:
+                j += 1
+                continue
+            start = j
+            while j < n and near[r, j]:
+                j += 1
+            for a in range(start + 1, j):  # insertion sort of the run by (value, item)
+                moving = order[r, a]
+                b = a
+                while b > start and (
+                    values[r, moving] < values[r, order[r, b - 1]]
+                    or (
+                        values[r, moving] == values[r, order[r, b - 1]] and items[r, moving] < items[r, order[r, b - 1]]
+                    )
+                ):
+                    order[r, b] = order[r, b - 1]
+                    b -= 1
+                order[r, b] = moving
+
+
+@jit
+def clear_uniform_runs(near, relevant):
+    n = near.shape[1]
+    for r in range(near.shape[0]):
+        j = 0
+        while j < n:
+            if not near[r, j]:
+                j += 1
+                continue
+            start, found = j, 0
+            while j < n and near[r, j]:
+                found += relevant[r, j]
+                j += 1
+            if found == 0 or found == j - start:
+                near[r, start:j] = False
