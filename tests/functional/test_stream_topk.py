@@ -13,6 +13,7 @@ from torchmetrics_retrieval.functional._stream_topk import (
     SIGMAS,
     _below_by_column,
     _below_by_row,
+    product_keys,
     sample_size,
     sample_thresholds,
     stream_topk,
@@ -84,7 +85,8 @@ def test_compiled_and_torch_buffers_keep_the_same_best_keys(monkeypatch: pytest.
 
     def run(compiled: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         monkeypatch.setattr(_compiled_buffer, "MIN_PAIRS", 0 if compiled else 2**62)
-        return stream_topk_symmetric(left, right, 7, mask, rows_per_chunk=256, cols_per_block=512, estimate=estimate)
+        keys = product_keys(left, right)
+        return stream_topk_symmetric(keys, 3000, 7, mask, rows_per_chunk=256, cols_per_block=512, estimate=estimate)
 
     (keys_c, items_c, floor_c), (keys_t, _, floor_t) = run(True), run(False)
     assert torch.equal(keys_c.sort(dim=1).values, keys_t.sort(dim=1).values)

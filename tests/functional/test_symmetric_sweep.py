@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from torchmetrics_retrieval.functional import _compiled_buffer, _symmetric_sweep
+from torchmetrics_retrieval.functional._stream_topk import product_keys
 from torchmetrics_retrieval.functional._symmetric_sweep import SymmetricSweep, window_groups
 from torchmetrics_retrieval.functional.knn import knn
 
@@ -66,8 +67,8 @@ def test_candidates_are_the_best_keys_below_each_floor(
     _, left, right = integer_rows(3000, seed=1)
     kp = 9
     sweep = Recorder(
-        left,
-        right,
+        product_keys(left, right),
+        3000,
         kp,
         mask_self,
         rows_per_chunk=128,
@@ -96,7 +97,9 @@ def test_candidates_are_the_best_keys_below_each_floor(
 
 def test_only_the_next_rows_can_be_taken() -> None:
     _, left, right = integer_rows(1000, seed=2)
-    sweep = SymmetricSweep(left, right, 5, mask_self, rows_per_chunk=128, cols_per_block=256, group_rows=256)
+    sweep = SymmetricSweep(
+        product_keys(left, right), 1000, 5, mask_self, rows_per_chunk=128, cols_per_block=256, group_rows=256
+    )
     assert sweep.take(10, 20) is None
     assert sweep.take(0, 300) is not None
     assert sweep.take(0, 10) is None and sweep.take(301, 400) is None and sweep.take(300, 1001) is None

@@ -390,8 +390,8 @@ def stream_topk(
 
 
 def stream_topk_symmetric(
-    left: Tensor,
-    right: Tensor,
+    key_fn: KeyFn,
+    n: int,
     kp: int,
     mask_fn: MaskFn,
     *,
@@ -399,15 +399,13 @@ def stream_topk_symmetric(
     cols_per_block: int,
     estimate: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """As :func:`stream_topk` for a set searched against itself, each distance block computed once.
+    """As :func:`stream_topk` for a set of ``n`` items searched against itself, each distance block computed once.
 
-    The key of the pair (i, j) is ``<left_i, right_j>`` and must be symmetric in value, e.g. half the
-    squared L2 distance through augmented rows (``left = [x, |x|^2 / 2, 1]``, ``right = [-x, 1, |x|^2 / 2]``)
-    or ``-<x_i, x_j>``. ``mask_fn`` must be symmetric (same sequence, other group) and mask the diagonal
-    of the diagonal blocks (the query itself).
+    ``key_fn(rows, cols)`` gives the keys of a block and must be symmetric up to rounding, e.g. half the
+    squared L2 distance or ``-<x_i, x_j>``: a block's entry serves as the key of its row query and of its
+    column query. ``mask_fn`` must be symmetric (same sequence, other group) and mask the diagonal of the
+    diagonal blocks (the query itself).
     """
-    n = left.shape[0]
-    key_fn = product_keys(left, right)
     tau, _ = sample_thresholds(n, n, key_fn, kp, mask_fn, rows_per_chunk, estimate)
     buffer = _new_buffer(kp, tau, n)
     for i0 in range(0, n, rows_per_chunk):

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._compiled_buffer import CompiledBuffer, kernels
-from torchmetrics_retrieval.functional._stream_topk import MaskFn, product_keys, sample_thresholds
+from torchmetrics_retrieval.functional._stream_topk import KeyFn, MaskFn, sample_thresholds
 
 __all__ = ["SPILL_BYTES", "SymmetricSweep"]
 
@@ -74,13 +74,14 @@ def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
 class SymmetricSweep:
     """The candidates of a set searched against itself, for consecutive query ranges asked in order.
 
-    ``left``/``right`` give symmetric keys ``<left_i, right_j>`` as for ``stream_topk_symmetric``; the
-    thresholds of every query come from one sample pass when the sweep is created.
+    ``key_fn`` gives symmetric keys as for ``stream_topk_symmetric``; the thresholds of every query come from
+    one sample pass when the sweep is created.
 
     Example:
+        >>> from torchmetrics_retrieval.functional._stream_topk import product_keys
         >>> x = torch.randn(5000, 8)
-        >>> sweep = SymmetricSweep(x, -x, 10, lambda keys, rows, cols: None, rows_per_chunk=512,
-        ...                        cols_per_block=1024, spill_bytes=2**20, group_rows=1024)
+        >>> sweep = SymmetricSweep(product_keys(x, -x), 5000, 10, lambda keys, rows, cols: None,
+        ...                        rows_per_chunk=512, cols_per_block=1024, spill_bytes=2**20, group_rows=1024)
         >>> keys, positions, floor = sweep.take(0, 1500)
         >>> keys.shape, sweep.take(0, 10)  # only the next rows can be asked for
         (torch.Size([1500, 10]), None)
@@ -88,8 +89,8 @@ class SymmetricSweep:
 
     def __init__(
         self,
-        left: Tensor,
-        right: Tensor,
+        key_fn: KeyFn,
+        n: int,
         kp: int,
         mask_fn: MaskFn,
         *,
@@ -100,14 +101,12 @@ class SymmetricSweep:
     ) -> None:
         spill_bytes = SPILL_BYTES if spill_bytes is None else spill_bytes
         group_rows = group_rows or GROUP_ROWS
-        self.kp, self.mask_fn = kp, mask_fn
-        self.n = left.shape[0]
+        self.kp, self.mask_fn, self.key_fn, self.n = kp, mask_fn, key_fn, n
         self.rows, self.cols, self.group_rows = rows_per_chunk, cols_per_block, group_rows
-        self.key_fn = product_keys(left, right)
-        tau, _ = sample_thresholds(self.n, self.n, self.key_fn, kp, mask_fn, rows_per_chunk, estimate=True)
+        tau, _ = sample_thresholds(n, n, key_fn, kp, mask_fn, rows_per_chunk, estimate=True)
         self.tau = tau.to(torch.float32)
         self.column_tau = self.tau.numpy()
-        self.window = window_groups(self.n, kp, spill_bytes, group_rows)
+        self.window = window_groups(n, kp, spill_bytes, group_rows)
         self.spill_bytes = spill_bytes
         self.spilled_bytes = 0
         self.pending: dict[int, list[Piece]] = {}  # target group -> pieces spilled to it

@@ -29,6 +29,7 @@ from torchmetrics_retrieval.functional._checks import (
 from torchmetrics_retrieval.functional._compiled_order import mixed_runs, order_runs, sort_by_key
 from torchmetrics_retrieval.functional._precision import ieee_float32_matmul
 from torchmetrics_retrieval.functional._stream_topk import (
+    BlockMemory,
     addmm_keys,
     buffer_width,
     sample_size,
@@ -555,6 +556,43 @@ def _mask_excluded_(exclusions: _Exclusions, keys: Tensor, rows: slice, cols: sl
         keys[hit, own[hit] - cols.start] = float("inf")
 
 
+class _SymmetricKeys:
+    """Symmetric keys of a set against itself from one ``(N, D + 2)`` copy of its rows ``[x, h, 1]``: half the
+    squared L2 distance ``h_i + h_j - <x_i, x_j> = <[-x_i, 1, h_i], [x_j, h_j, 1]>`` (``h = |x|^2 / 2``; the
+    left rows are made for one row block at a time), or ``-<x_i, x_j>`` (dot, cosine, from ``x`` alone).
+    Each block is valid until the next (:class:`BlockMemory`).
+
+    The product sums ``D + 2`` terms of total size ``(|x_i| + |x_j|)^2 / 2``, as in ``_key_tolerance``'s
+    symmetric case; the keys of (i, j) and (j, i) may differ by rounding, each within that bound.
+    """
+
+    def __init__(self, x: Tensor, half_sq: Tensor | None) -> None:
+        self.dim = x.shape[1]
+        self.rows = x if half_sq is None else torch.cat([x, half_sq[:, None], torch.ones_like(x[:, :1])], dim=1)
+        self.memory = BlockMemory()
+        self.left: tuple[slice | None, Tensor | None] = (None, None)  # the left rows of the last row block
+
+    @property
+    def x(self) -> Tensor:
+        """The rows ``x`` (a view)."""
+        return self.rows[:, : self.dim]
+
+    def _left_rows(self, rows: slice) -> Tensor:
+        cached_rows, left = self.left
+        if left is None or cached_rows != rows:
+            right = self.rows[rows]
+            if self.rows.shape[1] == self.dim:
+                left = -right
+            else:  # [-x, 1, h] from [x, h, 1]
+                left = torch.cat([-right[:, : self.dim], right[:, [self.dim + 1, self.dim]]], dim=1)
+            self.left = (rows, left)
+        return left
+
+    def __call__(self, rows: slice, cols: slice | Tensor) -> Tensor:
+        left, right = self._left_rows(rows), self.rows[cols]
+        return torch.mm(left, right.T, out=self.memory(left.shape[0], right.shape[0], left))
+
+
 class _TorchStage:
     """Stage 1 on the tensors' device: blocked ``addmm`` keys and a streaming threshold selection.
 
@@ -562,7 +600,7 @@ class _TorchStage:
     distance block serves its row queries and, transposed, its column queries (half the matrix products),
     in one pass when every query's candidates fit in memory and group by group (:class:`SymmetricSweep`)
     when they do not. Later rounds (a few uncertified queries, more candidates) search their rows against
-    the whole gallery, with the same symmetric keys.
+    the whole gallery.
     """
 
     def __init__(self, problem: _Problem, chunk_size: int | None) -> None:
@@ -573,10 +611,10 @@ class _TorchStage:
         self.rows = min(STAGE1_ROWS, chunk_size or STAGE1_ROWS)
         self.cols = max(1, min(STAGE1_COLUMNS, chunk_size or STAGE1_COLUMNS, gallery.shape[0]))
         self.symmetric = problem.symmetric
-        if self.symmetric:  # only the rows of the symmetric keys are kept
-            self.left, self.right = self._symmetric_rows(gallery)
-        else:
-            self.gallery = gallery
+        if self.symmetric:  # one copy of the rows serves the symmetric keys and, as a view, the other rounds
+            self.symmetric_keys = _SymmetricKeys(gallery, None if gallery_sq is None else gallery_sq / 2)
+            gallery = self.symmetric_keys.x
+        self.gallery = gallery
         self._all_rows: _Candidates | None = None
         self._sweep: SymmetricSweep | None = None
 
@@ -595,15 +633,7 @@ class _TorchStage:
 
     def _candidates(self, found: tuple[Tensor, Tensor, Tensor]) -> _Candidates:
         keys, positions, floor = found
-        return _Candidates(positions, keys < float("inf"), floor, keys, _rounding_terms(self.problem.query.shape[1]))
-
-    def _symmetric_rows(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Rows whose products are symmetric keys: half the squared L2 distance through augmented rows
-        (``[x, |x|^2 / 2, 1]`` and ``[-x, 1, |x|^2 / 2]``), or ``-<x_i, x_j>``."""
-        if self.alpha == -2.0:
-            half_sq, ones = self.bias[:, None] / 2, torch.ones_like(self.bias[:, None])
-            return torch.cat([x, half_sq, ones], dim=1), torch.cat([-x, ones, half_sq], dim=1)
-        return x, -x
+        return _Candidates(positions, keys < float("inf"), floor, keys, _rounding_terms(self.gallery.shape[1]))
 
     def _from_symmetric(self, found: tuple[Tensor, Tensor, Tensor], rows: Tensor | slice) -> _Candidates:
         """Candidates from symmetric keys, which for L2 become ``|g|^2 - 2<q, g> = 2 * key - |q|^2``."""
@@ -615,8 +645,9 @@ class _TorchStage:
 
     def _search_symmetric(self, kp: int) -> _Candidates:
         mask = functools.partial(_mask_excluded_, self.problem.exclusions)
+        n = self.gallery.shape[0]
         found = stream_topk_symmetric(
-            self.left, self.right, kp, mask, rows_per_chunk=self.rows, cols_per_block=self.cols, estimate=True
+            self.symmetric_keys, n, kp, mask, rows_per_chunk=self.rows, cols_per_block=self.cols, estimate=True
         )
         return self._from_symmetric(found, slice(None))
 
@@ -627,21 +658,29 @@ class _TorchStage:
             return None
         if self._sweep is None:
             mask = functools.partial(_mask_excluded_, self.problem.exclusions)
+            n = self.gallery.shape[0]
             self._sweep = SymmetricSweep(
-                self.left, self.right, kp, mask, rows_per_chunk=self.rows, cols_per_block=self.cols
+                self.symmetric_keys, n, kp, mask, rows_per_chunk=self.rows, cols_per_block=self.cols
             )
         found = self._sweep.take(start, start + rows.numel())
         return None if found is None else self._from_symmetric(found, rows)
 
     def _search(self, rows: Tensor, kp: int, estimate: bool) -> _Candidates:
         problem = self.problem
+        query = self.gallery[rows] if self.symmetric else problem.stage_query(rows)
         mask = functools.partial(_mask_excluded_, _take_rows(problem.exclusions, rows))
-        search = functools.partial(
-            stream_topk, kp=kp, mask_fn=mask, rows_per_chunk=self.rows, cols_per_block=self.cols, estimate=estimate
+        found = stream_topk(
+            query,
+            self.gallery,
+            self.bias,
+            self.alpha,
+            kp,
+            mask,
+            rows_per_chunk=self.rows,
+            cols_per_block=self.cols,
+            estimate=estimate,
         )
-        if self.symmetric:
-            return self._from_symmetric(search(self.left[rows], self.right, torch.zeros_like(self.bias), 1.0), rows)
-        return self._candidates(search(problem.stage_query(rows), self.gallery, self.bias, self.alpha))
+        return self._candidates(found)
 
 
 def _faiss_module() -> Any:
