@@ -57,60 +57,6 @@ def radix_sort(codes, scratch, counts):
 
 
 @jit
-def insertion_sort(codes):
-    for i in range(1, codes.shape[0]):
-        code, j = codes[i], i - 1
-        while j >= 0 and codes[j] > code:
-            codes[j + 1] = codes[j]
-            j -= 1
-        codes[j + 1] = code
-
-
-@jit
-def sort_smallest(codes, scratch, counts, bucket_counts, kept):
-    # The ``kept`` smallest codes in order at the front of ``codes`` (the rest is left in any order).
-    # One pass buckets the codes by their 8 highest varying bits and drops the buckets past the kept-th
-    # code; the buckets left (a few codes each) are sorted one by one.
-    n = codes.shape[0]
-    varying = 0
-    for j in range(n):
-        varying |= codes[j] ^ codes[0]
-    if n <= 64 or varying == 0:
-        radix_sort(codes, scratch, counts)
-        return
-    top = 0
-    while varying >> (top + 1):
-        top += 1
-    shift = max(top - 7, 0)
-    bucket_counts[:] = 0
-    for j in range(n):
-        bucket_counts[(codes[j] >> shift) & 0xFF] += 1
-    last, total = 255, 0
-    for digit in range(256):
-        total += bucket_counts[digit]
-        if total >= kept:
-            last = digit
-            break
-    total = 0
-    for digit in range(last + 1):
-        total, bucket_counts[digit] = total + bucket_counts[digit], total
-    for j in range(n):
-        digit = (codes[j] >> shift) & 0xFF
-        if digit <= last:
-            scratch[bucket_counts[digit]] = codes[j]
-            bucket_counts[digit] += 1
-    begin = 0
-    for digit in range(last + 1):  # bucket ``digit`` is now scratch[begin : bucket_counts[digit]]
-        end = bucket_counts[digit]
-        if end - begin > 32:
-            radix_sort(scratch[begin:end], codes[begin:end], counts)
-        else:
-            insertion_sort(scratch[begin:end])
-        begin = end
-    codes[:total] = scratch[:total]
-
-
-@jit
 def compact(keys, items, fill, tau, row, kp):
     # The kp-th smallest key by partition, then one stable pass: every key below it, then ties with it.
     line, line_items, n = keys[row], items[row], fill[row]
@@ -261,16 +207,15 @@ def append_spilled(keys, items, fill, tau, kp, offsets, sources, values):
 
 @jit
 def finish(keys, items, fill, tau, kp):
-    # Every row cut to its best kp, sorted by (key, position) (the kp-th key is the new threshold).
+    # Every row sorted by (key, position) and cut to its best kp (the kp-th key is the new threshold).
     width = keys.shape[1]
-    codes, scratch = np.empty(width, np.int64), np.empty(width, np.int64)
-    counts, bucket_counts = np.empty(256, np.int64), np.empty(256, np.int64)
+    codes, scratch, counts = np.empty(width, np.int64), np.empty(width, np.int64), np.empty(256, np.int64)
     for row in range(keys.shape[0]):
         n, bits = fill[row], keys[row].view(np.int32)
         for j in range(n):
             codes[j] = encode(bits[j], items[row, j])
+        radix_sort(codes[:n], scratch[:n], counts)
         kept = min(n, kp)
-        sort_smallest(codes[:n], scratch[:n], counts, bucket_counts, kept)
         for j in range(kept):
             bits[j], items[row, j] = decode(codes[j])
         keys[row, kept:] = np.inf
