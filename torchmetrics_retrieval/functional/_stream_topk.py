@@ -255,10 +255,8 @@ def _add(buffer: _Buffer | CompiledBuffer, rows: slice, keys: Tensor, col0: int)
 
 
 class BlockMemory:
-    """One output buffer reused by every key block of a search: a block is valid until the next is made.
-
-    (A new 8 MB block per product left the allocator holding hundreds of MB of freed blocks at N = 100k.)
-    """
+    """One output buffer reused by every key block of a search: a block is valid until the next is made
+    (no new 8 MB block for every product)."""
 
     def __init__(self) -> None:
         self.memory: Tensor | None = None
