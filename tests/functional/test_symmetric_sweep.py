@@ -135,3 +135,22 @@ def test_knn_through_the_sweep_matches_faiss(monkeypatch: pytest.MonkeyPatch, di
         assert torch.allclose(found.distances, expected.distances, rtol=1e-5, atol=1e-5)
         sweep = stage.stage._sweep
         assert sweep.kept > 0 and sweep.taken[0][0] == 0 and sweep.taken[-1][1] == 2500  # it served every row
+
+
+def test_knn_through_the_sweep_with_search_groups_and_rows_out_of_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Search groups (faiss cannot take them: the reference is the one-pass symmetric search). Rows asked for
+    # out of order are not the sweep's next rows: they take the plain search, with the same answer.
+    monkeypatch.setattr(_compiled_buffer, "MIN_PAIRS", 0)
+    g = torch.Generator().manual_seed(6)
+    x = torch.randint(-3, 4, (2000, 5), generator=g).float()  # exact ties everywhere
+    groups = torch.randint(0, 3, (2000,), generator=g)
+    expected = knn(x, None, 25, search_groups=groups, backend="torch")
+    monkeypatch.setattr(KNN_MODULE, "SYMMETRIC_BUFFER_BYTES", 0)
+    monkeypatch.setattr(KNN_MODULE, "SymmetricSweep", Recorder)
+    monkeypatch.setattr(_symmetric_sweep, "GROUP_ROWS", 256)
+    search = KNN_MODULE._Search.create(x, None, 25, "euclidean", None, None, groups, "torch", None, True)
+    later, first = search(torch.arange(1200, 2000)), search(torch.arange(0, 1200))
+    assert torch.equal(torch.cat([first.indices, later.indices]), expected.indices)
+    assert torch.equal(torch.cat([first.distances, later.distances]), expected.distances)
+    sweep = search.stage._sweep
+    assert sweep.taken == [(1200, 2000), (0, 1200)] and sweep.position == 1200  # it served the second only
