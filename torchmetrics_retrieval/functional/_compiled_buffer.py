@@ -27,7 +27,8 @@ HAS_NUMBA = importlib.util.find_spec("numba") is not None
 
 
 #: Smallest search (query x gallery pairs) that takes the compiled kernels: below it, loading them (about
-#: 1 s per process from numba's on-disk cache, about 6 s to compile on first use) costs more than they save.
+#: 0.35 s per process with numba's import, from its on-disk cache; about 10 s to compile them on first use)
+#: costs more than they save. (Set when loading took 1 s; not measured again since.)
 MIN_PAIRS = 2**26
 
 
