@@ -854,7 +854,7 @@ def _key_tolerance(problem: _Problem, rows: Tensor, rounding: int) -> Tensor:
     * torch, one side: ``addmm(|g|^2, q, g^T, alpha=-2)`` sums D + 1 terms of total size
       ``|g|^2 + 2 |q||g| <= S``: ``(D + 1) u S``, plus ``u S`` for each of the rounded norm, the rounded
       rows and the result: ``D + 4``;
-    * torch, symmetric: ``2 <[x, |x|^2/2, 1], [-y, 1, |y|^2/2]> - |x|^2`` sums D + 2 terms of total size
+    * torch, symmetric: ``2 <[-x, 1, |x|^2/2], [y, |y|^2/2, 1]> - |x|^2`` sums D + 2 terms of total size
       ``S / 2``, doubled: ``(D + 2) u S``, plus the norms, rows and two roundings: ``D + 6``;
     * faiss top-k: ``<[2g, -|g|^2, 1], [q, 1, 0]>`` as the one-sided torch sum, plus the float32 rounding of
       the float64 key: ``D + 5``;
@@ -1325,8 +1325,9 @@ def _search_rounds(search: _Search, stage: _TorchStage | _FaissStage, queries: T
         failed = []
         for start in range(0, pending.numel(), group_rows):
             rows = pending[start : start + group_rows]
-            candidates = stage(queries[rows], kp, first_round)
-            ranked = _rank(problem, queries[rows], candidates, k, search.exact_distances, search.relevance)
+            positions = queries[rows]
+            candidates = stage(positions, kp, first_round)
+            ranked = _rank(problem, positions, candidates, k, search.exact_distances, search.relevance)
             done = rows[ranked.certified]
             distances[done] = ranked.distances[ranked.certified]
             indices[done] = ranked.indices[ranked.certified]
