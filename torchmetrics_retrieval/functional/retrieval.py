@@ -15,40 +15,26 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, overload
 
 import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional import ranking
-from torchmetrics_retrieval.functional._checks import (
-    check_choice,
-    check_fractions,
-    check_positive_int,
-    check_top_k,
-    describe,
-)
+from torchmetrics_retrieval.functional._checks import check_positive_int
 from torchmetrics_retrieval.functional._full_ranking import relevant_ranks
+from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._sets import PairedIds, QueryGallery, split_query_gallery
-from torchmetrics_retrieval.functional.knn import (
-    BACKENDS,
-    DISTANCES,
-    Distance,
-    KNNBackend,
-    KNNResult,
-    knn_chunks,
-    symmetric_search_fits,
-)
+from torchmetrics_retrieval.functional._search.plan import symmetric_search_fits
+from torchmetrics_retrieval.functional.search import KNNResult, knn_chunks
 from torchmetrics_retrieval.functional.reduction import (
-    EMPTY_TARGET_ACTIONS,
-    EmptyTargetAction,
     apply_empty_target_action,
     grouped_mean,
     label_names,
     masked_mean,
 )
-from torchmetrics_retrieval.functional.relevance import LabelComparisonFn, count_relevant, relevance_matrix
+from torchmetrics_retrieval.functional.relevance import count_relevant, relevance_matrix
 
 __all__ = ["RetrievalOptions", "RetrievalResult", "retrieval_metrics", "retrieval_per_query"]
 
@@ -56,78 +42,6 @@ __all__ = ["RetrievalOptions", "RetrievalResult", "retrieval_metrics", "retrieva
 #: ask for the neighbours themselves.
 NEIGHBOUR_TABLE_BYTES = 64 * 2**20
 _NEIGHBOUR_BYTES = 8 + 8 + 1 + 1  # per slot: distance (up to float64), int64 index, valid, hit
-
-
-@dataclass(frozen=True)
-class RetrievalOptions:
-    """Validated options of :func:`retrieval_metrics` (also held by ``EmbeddingMetrics``).
-
-    Build it with :meth:`create`, which checks every option and names the bad one.
-    """
-
-    cmc_top_k: tuple[int, ...] = (1, 5)
-    precision_top_k: tuple[int, ...] = (5,)
-    map_top_k: tuple[int, ...] = (5,)
-    recall_top_k: tuple[int, ...] = ()
-    ndcg_top_k: tuple[int, ...] = ()
-    map_at_r: bool = False
-    r_precision: bool = False
-    mrr: bool = False
-    map_full: bool = False
-    clustering: bool = False
-    fmr_vals: tuple[float, ...] = ()
-    pcf_variance: tuple[float, ...] = ()
-    distance: Distance = "euclidean"
-    normalize: bool = False
-    precision_mode: ranking.PrecisionMode = "min_k_n"
-    empty_target_action: EmptyTargetAction = "skip"
-    avg_of_avgs: bool = False
-    per_class: bool = False
-    label_comparison_fn: LabelComparisonFn | None = field(default=None, compare=False)
-    knn_backend: KNNBackend = "auto"
-    chunk_size: int | None = None
-
-    @classmethod
-    def create(cls, **options: Any) -> RetrievalOptions:
-        """Validate ``options`` (the keyword arguments of :func:`retrieval_metrics`)."""
-        unknown = sorted(set(options) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise TypeError(f"Unknown option(s) {unknown}; the options are {sorted(cls.__dataclass_fields__)}.")
-        values = {**{name: f.default for name, f in cls.__dataclass_fields__.items()}, **options}
-        for name in ("cmc_top_k", "precision_top_k", "map_top_k", "recall_top_k", "ndcg_top_k"):
-            values[name] = check_top_k(name, values[name])
-        for name in ("fmr_vals", "pcf_variance"):
-            values[name] = check_fractions(name, values[name])
-        for name in (
-            "map_at_r",
-            "r_precision",
-            "mrr",
-            "map_full",
-            "clustering",
-            "normalize",
-            "avg_of_avgs",
-            "per_class",
-        ):
-            if not isinstance(values[name], bool):
-                raise TypeError(f"`{name}` must be a bool, got {describe(values[name])}.")
-        check_choice("distance", values["distance"], DISTANCES)
-        check_choice("precision_mode", values["precision_mode"], ("min_k_n", "standard"))
-        check_choice("empty_target_action", values["empty_target_action"], EMPTY_TARGET_ACTIONS)
-        check_choice("knn_backend", values["knn_backend"], BACKENDS)
-        if values["chunk_size"] is not None:
-            check_positive_int("chunk_size", values["chunk_size"])
-        fn = values["label_comparison_fn"]
-        if fn is not None and not callable(fn):
-            raise TypeError(f"`label_comparison_fn` must be callable or None, got {describe(fn)}.")
-        if values["avg_of_avgs"] and values["per_class"]:
-            raise ValueError("`avg_of_avgs` and `per_class` cannot both be True, got both True.")
-        return cls(**values)
-
-    @property
-    def needs_ranking(self) -> bool:
-        """Whether any metric needs a nearest-neighbour search."""
-        cutoffs = self.cmc_top_k + self.precision_top_k + self.map_top_k + self.recall_top_k + self.ndcg_top_k
-        return bool(cutoffs) or self.map_at_r or self.r_precision or self.mrr or self.map_full
 
 
 @dataclass

@@ -1,0 +1,167 @@
+"""``RetrievalOptions``: every option of :func:`retrieval_metrics`, declared once with its check and help.
+
+Each field carries in its metadata an :class:`OptionKind` (how its value is checked and normalised, and how the
+command line reads it) and a one-line help text. :meth:`RetrievalOptions.create` loops over the fields, and
+``EmbeddingMetrics``, the command line and the compat adapters read the same fields, so a new option is one
+field here plus the code that computes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import Field, dataclass, field, fields
+from typing import Any
+
+from torchmetrics_retrieval.functional._checks import (
+    check_choice,
+    check_fractions,
+    check_positive_int,
+    check_top_k,
+    describe,
+)
+from torchmetrics_retrieval.functional.search import BACKENDS, DISTANCES, Distance, KNNBackend
+from torchmetrics_retrieval.functional.ranking import PrecisionMode
+from torchmetrics_retrieval.functional.reduction import EMPTY_TARGET_ACTIONS, EmptyTargetAction
+from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
+
+__all__ = ["OptionKind", "RetrievalOptions", "option_fields"]
+
+
+@dataclass(frozen=True)
+class OptionKind:
+    """How an option's value is checked and normalised.
+
+    Attributes:
+        name: ``"cutoffs"``, ``"fractions"``, ``"bool"``, ``"choice"``, ``"positive_int_or_none"`` or
+            ``"callable_or_none"`` (the command line picks its argument type by it).
+        check: ``check(option_name, value)`` returns the normalised value or raises ``TypeError``/``ValueError``
+            naming the option.
+        choices: the allowed values of a ``"choice"``.
+    """
+
+    name: str
+    check: Callable[[str, Any], Any]
+    choices: tuple[Any, ...] = ()
+
+
+def _check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"`{name}` must be a bool, got {describe(value)}.")
+    return value
+
+
+def _check_positive_int_or_none(name: str, value: Any) -> int | None:
+    return None if value is None else check_positive_int(name, value)
+
+
+def _check_callable_or_none(name: str, value: Any) -> Any:
+    if value is not None and not callable(value):
+        raise TypeError(f"`{name}` must be callable or None, got {describe(value)}.")
+    return value
+
+
+def _choice(choices: tuple[Any, ...]) -> OptionKind:
+    return OptionKind("choice", lambda name, value: check_choice(name, value, choices), choices)
+
+
+CUTOFFS = OptionKind("cutoffs", check_top_k)
+FRACTIONS = OptionKind("fractions", check_fractions)
+BOOL = OptionKind("bool", _check_bool)
+POSITIVE_INT_OR_NONE = OptionKind("positive_int_or_none", _check_positive_int_or_none)
+CALLABLE_OR_NONE = OptionKind("callable_or_none", _check_callable_or_none)
+DISTANCE = _choice(DISTANCES)
+PRECISION_MODE = _choice(("min_k_n", "standard"))
+EMPTY_TARGET_ACTION = _choice(EMPTY_TARGET_ACTIONS)
+KNN_BACKEND = _choice(BACKENDS)
+
+
+def _spec(kind: OptionKind, help_text: str) -> dict[str, Any]:
+    """The metadata of an option's field."""
+    return {"kind": kind, "help": help_text}
+
+
+@dataclass(frozen=True)
+class RetrievalOptions:
+    """Validated options of :func:`retrieval_metrics` (also held by ``EmbeddingMetrics``).
+
+    Build it with :meth:`create`, which checks every option and names the bad one. The help of each option
+    is in its field's metadata (``option_fields()`` lists them).
+
+    Example:
+        >>> options = RetrievalOptions.create(cmc_top_k=(5, 1, 5), fmr_vals=0.1)
+        >>> options.cmc_top_k, options.fmr_vals
+        ((1, 5), (0.1,))
+        >>> RetrievalOptions.create(distance="manhattan")
+        Traceback (most recent call last):
+            ...
+        ValueError: `distance` must be one of ('euclidean', 'sqeuclidean', 'cosine', 'dot'), got 'manhattan'.
+    """
+
+    cmc_top_k: tuple[int, ...] = field(default=(1, 5), metadata=_spec(CUTOFFS, "cutoffs k of cmc@k"))
+    precision_top_k: tuple[int, ...] = field(default=(5,), metadata=_spec(CUTOFFS, "cutoffs k of precision@k"))
+    map_top_k: tuple[int, ...] = field(default=(5,), metadata=_spec(CUTOFFS, "cutoffs k of map@k"))
+    recall_top_k: tuple[int, ...] = field(default=(), metadata=_spec(CUTOFFS, "cutoffs k of recall@k"))
+    ndcg_top_k: tuple[int, ...] = field(default=(), metadata=_spec(CUTOFFS, "cutoffs k of ndcg@k"))
+    map_at_r: bool = field(default=False, metadata=_spec(BOOL, "MAP@R"))
+    r_precision: bool = field(default=False, metadata=_spec(BOOL, "R-precision"))
+    mrr: bool = field(default=False, metadata=_spec(BOOL, "mean reciprocal rank over the full ranking"))
+    map_full: bool = field(default=False, metadata=_spec(BOOL, "full-ranking mean average precision (key `map`)"))
+    clustering: bool = field(default=False, metadata=_spec(BOOL, "NMI and AMI of a k-means clustering"))
+    fmr_vals: tuple[float, ...] = field(
+        default=(), metadata=_spec(FRACTIONS, "FMR values in [0, 1] of fnmr@fmr and tar@far")
+    )
+    pcf_variance: tuple[float, ...] = field(
+        default=(), metadata=_spec(FRACTIONS, "explained-variance fractions in [0, 1] of pcf")
+    )
+    distance: Distance = field(default="euclidean", metadata=_spec(DISTANCE, "distance between embeddings"))
+    normalize: bool = field(default=False, metadata=_spec(BOOL, "L2-normalise the embeddings first"))
+    precision_mode: PrecisionMode = field(
+        default="min_k_n", metadata=_spec(PRECISION_MODE, "precision@k divides by min(k, n(q)) or by k")
+    )
+    empty_target_action: EmptyTargetAction = field(
+        default="skip", metadata=_spec(EMPTY_TARGET_ACTION, "what a query without a relevant item counts as")
+    )
+    avg_of_avgs: bool = field(default=False, metadata=_spec(BOOL, "average per query label first, then over labels"))
+    per_class: bool = field(default=False, metadata=_spec(BOOL, "also report every ranking key per query label"))
+    label_comparison_fn: LabelComparisonFn | None = field(
+        default=None,
+        compare=False,  # left out of ==: a function compares by identity
+        metadata=_spec(CALLABLE_OR_NONE, "custom relevance fn(query_labels[:, None], gallery_labels[None])"),
+    )
+    knn_backend: KNNBackend = field(default="auto", metadata=_spec(KNN_BACKEND, "kNN backend"))
+    chunk_size: int | None = field(
+        default=None, metadata=_spec(POSITIVE_INT_OR_NONE, "rows per distance block (default: by memory)")
+    )
+
+    @classmethod
+    def create(cls, **options: Any) -> RetrievalOptions:
+        """Validate ``options`` (the keyword arguments of :func:`retrieval_metrics`)."""
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise TypeError(f"Unknown option(s) {unknown}; the options are {sorted(known)}.")
+        values = {name: f.metadata["kind"].check(name, options.get(name, f.default)) for name, f in known.items()}
+        if values["avg_of_avgs"] and values["per_class"]:
+            raise ValueError("`avg_of_avgs` and `per_class` cannot both be True, got both True.")
+        return cls(**values)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The options as keyword arguments of :func:`retrieval_metrics`."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @property
+    def needs_ranking(self) -> bool:
+        """Whether any metric needs a nearest-neighbour search."""
+        cutoffs = self.cmc_top_k + self.precision_top_k + self.map_top_k + self.recall_top_k + self.ndcg_top_k
+        return bool(cutoffs) or self.map_at_r or self.r_precision or self.mrr or self.map_full
+
+
+def option_fields() -> Mapping[str, Field[Any]]:
+    """Every field of :class:`RetrievalOptions` by name, in declaration order (``metadata``: ``kind``, ``help``).
+
+    Example:
+        >>> spec = option_fields()["cmc_top_k"]
+        >>> spec.default, spec.metadata["kind"].name, spec.metadata["help"]
+        ((1, 5), 'cutoffs', 'cutoffs k of cmc@k')
+    """
+    return {f.name: f for f in fields(RetrievalOptions)}
