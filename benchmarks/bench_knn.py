@@ -21,7 +21,7 @@ from functools import partial
 import faiss
 import torch
 
-from torchmetrics_retrieval.functional.knn import KNNBackend, knn
+from torchmetrics_retrieval.functional.search import KNNBackend, knn
 
 
 def clustered(n: int, dim: int, n_clusters: int, seed: int = 0) -> torch.Tensor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from torchmetrics_retrieval.functional._compiled_order import mixed_runs, order_runs, sort_by_key
+from torchmetrics_retrieval.functional._search.compiled.order import mixed_runs, order_runs, sort_by_key
 
 INF = float("inf")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -12,17 +11,25 @@ import torch
 from hypothesis import given, settings
 from torch import Tensor
 
-from torchmetrics_retrieval.functional import _compiled_buffer, _stream_topk
-from torchmetrics_retrieval.functional.knn import DISTANCES, Distance, KNNBackend, distance_blocks, knn, knn_chunks
+from torchmetrics_retrieval.functional._search import certify, faiss_stage, keys, plan, problem, rounds, stream_topk
+from torchmetrics_retrieval.functional._search.torch_stage import TorchStage
+from torchmetrics_retrieval.functional._search.types import Exclusions
+from torchmetrics_retrieval.functional.search import (
+    DISTANCES,
+    Distance,
+    KNNBackend,
+    KNNResult,
+    distance_blocks,
+    knn,
+    knn_chunks,
+)
 
 
 @pytest.fixture(autouse=True, scope="module", params=["compiled scans", "torch scans"])
 def scan_engine(request: pytest.FixtureRequest) -> Iterator[str]:
     """Every test twice: stage-1 buffers filled by the compiled (numba) scans, and by torch passes."""
-    saved = _compiled_buffer.MIN_PAIRS
-    _compiled_buffer.MIN_PAIRS = 0 if request.param == "compiled scans" else 2**62  # whatever the size
-    yield request.param
-    _compiled_buffer.MIN_PAIRS = saved
+    with plan.force_compiled(request.param == "compiled scans"):  # whatever the size
+        yield request.param
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -216,16 +223,13 @@ def test_larger_random_float_data_both_backends() -> None:
     assert a.indices[10, 0] == 20 and a.distances[10, 0] == 0.0
 
 
-KNN_MODULE = sys.modules[knn.__module__]  # the submodule: `functional.knn` is the function after import
-
-
 def spy(monkeypatch: pytest.MonkeyPatch, owner: object, name: str, note: Callable[[tuple, Any], Any]) -> list[Any]:
     """Wrap ``owner.name``: every call runs as before, and ``note(arguments, result)`` is recorded."""
     notes: list[Any] = []
     original = getattr(owner, name)
 
-    def recording(*args: Any) -> Any:
-        result = original(*args)
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
         notes.append(note(args, result))
         return result
 
@@ -235,12 +239,12 @@ def spy(monkeypatch: pytest.MonkeyPatch, owner: object, name: str, note: Callabl
 
 def record_rounds(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     """(rows ranked, rows left uncertified) of every stage-2 ranking."""
-    return spy(monkeypatch, KNN_MODULE, "_rank", lambda args, ranked: (args[1].numel(), int((~ranked.certified).sum())))
+    return spy(monkeypatch, rounds, "rank", lambda args, ranked: (args[1].numel(), int((~ranked.certified).sum())))
 
 
 def record_range_searches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The number of rows of every range search of the faiss stage."""
-    return spy(monkeypatch, KNN_MODULE._FaissStage, "_range", lambda args, _: args[1].numel())
+    return spy(monkeypatch, faiss_stage.FaissStage, "_range", lambda args, _: args[1].numel())
 
 
 def assert_first_rows_match_reference(result, x: Tensor, k: int, step: int) -> None:  # type: ignore[no-untyped-def]
@@ -263,7 +267,8 @@ def test_estimated_thresholds_that_fall_short_are_searched_again(
     # sample unrepresentative: the sampled rows are unit vectors, the others have norm 2, so for a unit
     # query the nearest items are all sampled rows and the estimate (a sample rank below kp) is too low.
     # Those queries must end uncertified after round 1 and exact after round 2.
-    monkeypatch.setattr(_stream_topk, "sample_size", lambda n_gallery, kp: n_gallery // 4)
+    monkeypatch.setattr(stream_topk, "sample_size", lambda n_gallery, kp: n_gallery // 4)
+    monkeypatch.setattr(faiss_stage, "sample_size", lambda n_gallery, kp: n_gallery // 4)
     x = torch.nn.functional.normalize(torch.randn(8192, 8, generator=torch.Generator().manual_seed(0)), dim=1) * 2
     x[::4] /= 2
     rounds, ranged = record_rounds(monkeypatch), record_range_searches(monkeypatch)
@@ -331,15 +336,15 @@ def test_faiss_stage_searches_top_k_when_the_sample_is_the_whole_gallery(monkeyp
     # A threshold sample as large as the gallery gives no threshold at all: the range search would return
     # nothing (it once crashed on that empty result). The stage then takes the top-k search.
     whole = lambda n_gallery, kp: n_gallery  # noqa: E731
-    monkeypatch.setattr(_stream_topk, "sample_size", whole)
-    monkeypatch.setattr(KNN_MODULE, "sample_size", whole)
+    monkeypatch.setattr(stream_topk, "sample_size", whole)
+    monkeypatch.setattr(faiss_stage, "sample_size", whole)
     x = torch.randn(1100, 8, generator=torch.Generator().manual_seed(9))
     ranged = record_range_searches(monkeypatch)
     result = knn(x[:50], x, 64, backend="faiss")
     assert ranged == []
     assert_matches_reference(result, reference_knn(x[:50], x, 64, "euclidean"), exact_distances=True)
-    problem = KNN_MODULE._make_problem(x[:50], x, "euclidean", KNN_MODULE._Exclusions(None, None, None), False)
-    empty = KNN_MODULE._FaissStage(problem, use_gpu=False)._range(torch.arange(50), 66)
+    one_sided = problem.make_problem(x[:50], x, "euclidean", Exclusions(None, None, None), False)
+    empty = faiss_stage.FaissStage(one_sided, use_gpu=False)._range(torch.arange(50), 66)
     assert not bool(empty.ok.any()) and bool((empty.floor < -1e38).all())  # nothing found, nothing certified
 
 
@@ -358,28 +363,28 @@ def exact_keys(query: Tensor, gallery: Tensor, distance: str) -> Tensor:
 def test_stage_keys_stay_within_their_rounding_bound(distance: Distance, dtype: torch.dtype) -> None:
     # Points far from the origin with a small spread and varied norms: the keys cancel (|g|^2 - 2<q,g> is
     # about -|q|^2), the hard case for a bound that scales with (|q| + max |g|)^2. Every stage's key of every
-    # pair it returns is within its rounding bound (``_key_tolerance`` without the safety margin).
+    # pair it returns is within its rounding bound (``certify.key_tolerance`` without the safety margin).
     g = torch.Generator().manual_seed(8)
     x = ((4.0 + torch.randn(1, 48, generator=g)) * (1 + 0.1 * torch.randn(2400, 48, generator=g))).to(dtype)
     x[::3] *= 1.7
     query, gallery = x[:300], x
     exact = exact_keys(query, gallery, distance)
-    none = KNN_MODULE._Exclusions(None, None, None)
+    none = Exclusions(None, None, None)
     rows = torch.arange(300)
-    one_sided = KNN_MODULE._make_problem(query, gallery, distance, none, same_set=False)
-    symmetric = KNN_MODULE._make_problem(gallery, gallery, distance, none, same_set=True)
-    faiss_stage = KNN_MODULE._FaissStage(one_sided, use_gpu=False)
+    one_sided = problem.make_problem(query, gallery, distance, none, same_set=False)
+    symmetric = problem.make_problem(gallery, gallery, distance, none, same_set=True)
+    faiss = faiss_stage.FaissStage(one_sided, use_gpu=False)
     searches = {
-        "torch": (one_sided, KNN_MODULE._TorchStage(one_sided, None)(rows, 2400, first_round=False)),
-        "symmetric": (symmetric, KNN_MODULE._TorchStage(symmetric, None)(rows, 2399, first_round=True)),
-        "symmetric sweep": (symmetric, KNN_MODULE._TorchStage(symmetric, None)._sweep_take(rows, 2399)),
-        "faiss top-k": (one_sided, faiss_stage._top(rows, 2400)),
-        "faiss range": (one_sided, faiss_stage._range(rows, 100)),
+        "torch": (one_sided, TorchStage(one_sided, None)(rows, 2400, first_round=False)),
+        "symmetric": (symmetric, TorchStage(symmetric, None)(rows, 2399, first_round=True)),
+        "symmetric sweep": (symmetric, TorchStage(symmetric, None)._sweep_take(rows, 2399)),
+        "faiss top-k": (one_sided, faiss._top(rows, 2400)),
+        "faiss range": (one_sided, faiss._range(rows, 100)),
     }
-    for name, (problem, found) in searches.items():
+    for name, (searched, found) in searches.items():
         assert int(found.ok.sum()) >= 300 * 50, name  # (the range search leaves a few crowded rows empty)
         error = (found.keys.double() - exact.gather(1, found.indices)).abs().masked_fill(~found.ok, 0.0)
-        bound = KNN_MODULE._key_tolerance(problem, rows, found.rounding) / KNN_MODULE.TOLERANCE_FACTOR
+        bound = certify.key_tolerance(searched, rows, found.rounding) / plan.TOLERANCE_FACTOR
         assert bool((error <= bound[:, None]).all()), (name, float((error / bound[:, None]).max()))
 
 
@@ -390,8 +395,8 @@ def test_canonical_dots_do_not_depend_on_how_the_pairs_are_grouped() -> None:
     g = torch.Generator().manual_seed(12)
     query, gallery = torch.randn(40, 37, generator=g).double(), torch.randn(900, 37, generator=g).double()
     rows, cols = torch.randint(0, 40, (5000,), generator=g), torch.randint(0, 900, (5000,), generator=g)
-    by_gallery = KNN_MODULE._canonical_dots(rows, cols, query, gallery)
-    by_query = KNN_MODULE._canonical_dots(rows, cols, torch.cat([query, torch.zeros(2000, 37).double()]), gallery)
+    by_gallery = keys.canonical_dots(rows, cols, query, gallery)
+    by_query = keys.canonical_dots(rows, cols, torch.cat([query, torch.zeros(2000, 37).double()]), gallery)
     assert torch.equal(by_gallery, by_query)
     assert torch.allclose(by_gallery, (query[rows] * gallery[cols]).sum(dim=1))
 
@@ -410,7 +415,7 @@ def test_knn_chunks_are_the_rows_of_knn(gallery: bool) -> None:
     whole = knn(x, other, 7, sequence_ids=ids, exact_distances=False)
     parts = list(knn_chunks(x, other, 7, rows_per_chunk=128, sequence_ids=ids, exact_distances=False))
     assert [rows.tolist() for rows, _ in parts] == [list(range(s, min(s + 128, 500))) for s in range(0, 500, 128)]
-    for field, expected in zip(KNN_MODULE.KNNResult._fields, whole, strict=True):
+    for field, expected in zip(KNNResult._fields, whole, strict=True):
         assert torch.equal(torch.cat([getattr(found, field) for _, found in parts]), expected), field
 
 
@@ -479,7 +484,7 @@ def test_search_groups_restrict_the_gallery() -> None:
 
 
 def test_auto_backend_choice(monkeypatch: pytest.MonkeyPatch, scan_engine: str) -> None:
-    chosen = spy(monkeypatch, KNN_MODULE, "_resolve_backend", lambda _, engine: engine)
+    chosen = spy(monkeypatch, plan, "resolve_backend", lambda _, engine: engine)
     x = torch.randn(200, 4, generator=torch.Generator().manual_seed(0))
     knn(x, k=5)  # the set against itself
     knn(x[:50], x, k=5)  # small K against a gallery

@@ -9,7 +9,7 @@ import torch
 
 from torchmetrics_retrieval.functional._precision import ieee_float32_matmul
 from torchmetrics_retrieval.functional.contrastive import contrastive_accuracy
-from torchmetrics_retrieval.functional.knn import distance_blocks, knn
+from torchmetrics_retrieval.functional.search import distance_blocks, knn
 
 
 @pytest.fixture

@@ -1,7 +1,6 @@
 """retrieval_metrics end to end: hand-computed cases, the slow reference, pytorch-metric-learning, errors."""
 
 import math
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -422,9 +421,9 @@ def test_metrics_only_path_skips_uniform_ties_and_keeps_every_value(monkeypatch:
     # ties that mix relevant and irrelevant items (through retrieval's relevance function, which must see
     # each query's own labels), and every per-query value equals the exact search's.
     import torchmetrics_retrieval.functional.retrieval as retrieval_module
-    from torchmetrics_retrieval.functional import _compiled_buffer, knn
+    from torchmetrics_retrieval.functional._search import certify, plan
 
-    monkeypatch.setattr(_compiled_buffer, "MIN_PAIRS", 0)
+    monkeypatch.setattr(plan, "_forced", True)
     g = torch.Generator().manual_seed(13)
     level = torch.arange(8).repeat_interleave(60) + 1.0
     angle = torch.rand(480, generator=g) * 2 * torch.pi
@@ -438,10 +437,9 @@ def test_metrics_only_path_skips_uniform_ties_and_keeps_every_value(monkeypatch:
     options = RetrievalOptions.create(label_comparison_fn=lambda a, b: (a == b).all(dim=-1), **ALL_RANKING)
     exact = retrieval_per_query(x, labels, options=options, **split)
     monkeypatch.setattr(retrieval_module, "NEIGHBOUR_TABLE_BYTES", 40000)  # query chunks
-    knn_module = sys.modules[knn.__module__]
     calls = []
-    mixed_runs = knn_module.mixed_runs
-    monkeypatch.setattr(knn_module, "mixed_runs", lambda *a: calls.append(1) or mixed_runs(*a))
+    mixed_runs = certify.mixed_runs
+    monkeypatch.setattr(certify, "mixed_runs", lambda *a: calls.append(1) or mixed_runs(*a))
     fast = retrieval_per_query(x, labels, options=options, keep_neighbours=False, **split)
     assert len(calls) > 1 and fast.indices.shape[1] == 0  # the chunked, metrics-only search
     for key, expected in exact.values.items():

@@ -7,18 +7,17 @@ import math
 import pytest
 import torch
 
-from torchmetrics_retrieval.functional import _compiled_buffer, knn
-from torchmetrics_retrieval.functional._stream_topk import (
-    SEGMENT,
-    SIGMAS,
-    _below_by_column,
-    _below_by_row,
+from torchmetrics_retrieval.functional import knn
+from torchmetrics_retrieval.functional._search import plan
+from torchmetrics_retrieval.functional._search.plan import SEGMENT, SIGMAS
+from torchmetrics_retrieval.functional._search.stream_topk import (
     product_keys,
     sample_size,
     sample_thresholds,
     stream_topk,
     stream_topk_symmetric,
 )
+from torchmetrics_retrieval.functional._search.torch_buffer import _below_by_column, _below_by_row
 
 
 def expected_by_row(keys: torch.Tensor, tau: torch.Tensor) -> tuple[list[int], list[int], list[float]]:
@@ -84,7 +83,7 @@ def test_compiled_and_torch_buffers_keep_the_same_best_keys(monkeypatch: pytest.
         keys.masked_fill_(positions == columns, float("inf"))
 
     def run(compiled: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        monkeypatch.setattr(_compiled_buffer, "MIN_PAIRS", 0 if compiled else 2**62)
+        monkeypatch.setattr(plan, "_forced", compiled)
         keys = product_keys(left, right)
         return stream_topk_symmetric(keys, 3000, 7, mask, rows_per_chunk=256, cols_per_block=512, estimate=estimate)
 
@@ -104,7 +103,7 @@ def test_no_item_left_out_lies_below_the_floor(monkeypatch: pytest.MonkeyPatch, 
     # 600 copies of one point: a block row of a copy has hundreds of entries below the (proven) first
     # threshold, more than a buffer row holds, so the buffer keeps the best of them. The ones it drops
     # must not be below the floor it reports (the torch buffer once kept its old threshold there).
-    monkeypatch.setattr(_compiled_buffer, "MIN_PAIRS", 0 if compiled else 2**62)
+    monkeypatch.setattr(plan, "_forced", compiled)
     g = torch.Generator().manual_seed(5)
     x = torch.randn(3000, 4, generator=g)
     x[:600] = x[0].clone()
@@ -120,17 +119,22 @@ def test_no_item_left_out_lies_below_the_floor(monkeypatch: pytest.MonkeyPatch, 
 
 def test_compiled_kernels_serve_large_cpu_searches_only() -> None:
     cpu = torch.device("cpu")
-    side = math.isqrt(_compiled_buffer.MIN_PAIRS)
-    assert not _compiled_buffer.available(cpu, 1797, 1797)  # the demo: loading the kernels would cost more
-    assert _compiled_buffer.available(cpu, side, side)
-    assert not _compiled_buffer.available(torch.device("meta"), side, side)
-    assert not _compiled_buffer.available(cpu, 1, 2**31)  # positions are stored as int32
+    side = math.isqrt(plan.MIN_PAIRS)
+    assert not plan.use_compiled(cpu, 1797, 1797)  # the demo: loading the kernels would cost more
+    assert plan.use_compiled(cpu, side, side)
+    assert not plan.use_compiled(torch.device("meta"), side, side)
+    assert not plan.use_compiled(cpu, 1, 2**31)  # positions are stored as int32
+    with plan.force_compiled(True):
+        assert plan.use_compiled(cpu, 2, 2)
+        assert not plan.use_compiled(torch.device("meta"), 2, 2)  # forcing never takes them off the CPU
+    with plan.force_compiled(False):
+        assert not plan.use_compiled(cpu, side, side)
 
 
 def test_without_numba_the_torch_buffer_serves(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_compiled_buffer, "HAS_NUMBA", False)
-    monkeypatch.setattr(_compiled_buffer, "MIN_PAIRS", 0)
-    assert not _compiled_buffer.available(torch.device("cpu"), 10**5, 10**5)
+    monkeypatch.setattr(plan, "HAS_NUMBA", False)
+    monkeypatch.setattr(plan, "MIN_PAIRS", 0)
+    assert not plan.use_compiled(torch.device("cpu"), 10**5, 10**5)
     x = torch.randn(300, 4, generator=torch.Generator().manual_seed(7))
     result = knn(x, k=3, backend="torch", exact_distances=False)
     d = torch.cdist(x.double(), x.double()).fill_diagonal_(float("inf"))

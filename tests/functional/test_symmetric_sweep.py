@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchmetrics_retrieval.functional import _compiled_buffer, _symmetric_sweep
-from torchmetrics_retrieval.functional._stream_topk import product_keys
-from torchmetrics_retrieval.functional._symmetric_sweep import SymmetricSweep, window_groups
-from torchmetrics_retrieval.functional.knn import knn
-
-KNN_MODULE = __import__("torchmetrics_retrieval.functional.knn", fromlist=["knn"])
+from torchmetrics_retrieval.functional import search as search_module
+from torchmetrics_retrieval.functional._search import plan, torch_stage
+from torchmetrics_retrieval.functional._search.stream_topk import product_keys
+from torchmetrics_retrieval.functional._search.symmetric_sweep import SymmetricSweep, window_groups
+from torchmetrics_retrieval.functional.search import knn
 
 
 def integer_rows(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -116,18 +115,18 @@ def test_window_grows_with_the_budget() -> None:
 def test_knn_through_the_sweep_matches_faiss(monkeypatch: pytest.MonkeyPatch, distance: str) -> None:
     # Leave-one-out with sequence ids and 60 duplicates, the symmetric buffer forced not to fit: knn takes
     # the sweep for its first round (and its plain search for the queries it leaves uncertified).
-    monkeypatch.setattr(_compiled_buffer, "MIN_PAIRS", 0)
+    monkeypatch.setattr(plan, "_forced", True)
     g = torch.Generator().manual_seed(3)
     x = torch.randn(2500, 12, generator=g)
     x[200:260] = x[5]
     seq = torch.randint(0, 800, (2500,), generator=g)
     expected = knn(x, None, 30, distance=distance, sequence_ids=seq, backend="faiss")
-    monkeypatch.setattr(KNN_MODULE, "SYMMETRIC_BUFFER_BYTES", 0)
-    monkeypatch.setattr(KNN_MODULE, "SymmetricSweep", Recorder)
-    monkeypatch.setattr(_symmetric_sweep, "GROUP_ROWS", 300)
-    monkeypatch.setattr(_symmetric_sweep, "SPILL_BYTES", 2**18)
+    monkeypatch.setattr(plan, "SYMMETRIC_BUFFER_BYTES", 0)
+    monkeypatch.setattr(torch_stage, "SymmetricSweep", Recorder)
+    monkeypatch.setattr(plan, "GROUP_ROWS", 300)
+    monkeypatch.setattr(plan, "SPILL_BYTES", 2**18)
     for exact in (True, False):
-        stage = KNN_MODULE._Search.create(x, None, 30, distance, None, seq, None, "torch", None, exact)
+        stage = search_module._checked_search(x, None, 30, distance, None, seq, None, "torch", None, exact)
         found = stage(torch.arange(2500))
         assert torch.equal(found.indices, expected.indices)
         if exact:  # (else the distances of candidates without a near tie come from the stage's float32 keys)
@@ -140,15 +139,15 @@ def test_knn_through_the_sweep_matches_faiss(monkeypatch: pytest.MonkeyPatch, di
 def test_knn_through_the_sweep_with_search_groups_and_rows_out_of_order(monkeypatch: pytest.MonkeyPatch) -> None:
     # Search groups (faiss cannot take them: the reference is the one-pass symmetric search). Rows asked for
     # out of order are not the sweep's next rows: they take the plain search, with the same answer.
-    monkeypatch.setattr(_compiled_buffer, "MIN_PAIRS", 0)
+    monkeypatch.setattr(plan, "_forced", True)
     g = torch.Generator().manual_seed(6)
     x = torch.randint(-3, 4, (2000, 5), generator=g).float()  # exact ties everywhere
     groups = torch.randint(0, 3, (2000,), generator=g)
     expected = knn(x, None, 25, search_groups=groups, backend="torch")
-    monkeypatch.setattr(KNN_MODULE, "SYMMETRIC_BUFFER_BYTES", 0)
-    monkeypatch.setattr(KNN_MODULE, "SymmetricSweep", Recorder)
-    monkeypatch.setattr(_symmetric_sweep, "GROUP_ROWS", 256)
-    search = KNN_MODULE._Search.create(x, None, 25, "euclidean", None, None, groups, "torch", None, True)
+    monkeypatch.setattr(plan, "SYMMETRIC_BUFFER_BYTES", 0)
+    monkeypatch.setattr(torch_stage, "SymmetricSweep", Recorder)
+    monkeypatch.setattr(plan, "GROUP_ROWS", 256)
+    search = search_module._checked_search(x, None, 25, "euclidean", None, None, groups, "torch", None, True)
     later, first = search(torch.arange(1200, 2000)), search(torch.arange(0, 1200))
     assert torch.equal(torch.cat([first.indices, later.indices]), expected.indices)
     assert torch.equal(torch.cat([first.distances, later.distances]), expected.distances)

@@ -60,7 +60,7 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional import ranking
 from torchmetrics_retrieval.functional._checks import check_embeddings, describe
-from torchmetrics_retrieval.functional.knn import KNNBackend, knn
+from torchmetrics_retrieval.functional.search import KNNBackend, knn
 from torchmetrics_retrieval.functional.reduction import grouped_mean, masked_mean
 from torchmetrics_retrieval.functional.relevance import count_relevant, relevance_matrix
 

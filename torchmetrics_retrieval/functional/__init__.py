@@ -2,7 +2,6 @@
 
 from torchmetrics_retrieval.functional.clustering import clustering_scores, kmeans
 from torchmetrics_retrieval.functional.contrastive import contrastive_accuracy
-from torchmetrics_retrieval.functional.knn import KNNResult, distance_blocks, knn, knn_chunks
 from torchmetrics_retrieval.functional.ranking import (
     average_precision,
     cmc_at_k,
@@ -22,10 +21,12 @@ from torchmetrics_retrieval.functional.retrieval import (
     retrieval_metrics,
     retrieval_per_query,
 )
+from torchmetrics_retrieval.functional.search import DistanceBlock, KNNResult, distance_blocks, knn, knn_chunks
 from torchmetrics_retrieval.functional.topology import alignment, covariance_sums, pcf, pcf_from_sums, uniformity
 from torchmetrics_retrieval.functional.verification import det_curve, fnmr_at_fmr, fnmr_at_fmr_from_distances
 
 __all__ = [
+    "DistanceBlock",
     "KNNResult",
     "RetrievalOptions",
     "RetrievalResult",

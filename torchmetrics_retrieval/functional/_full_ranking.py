@@ -19,8 +19,8 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from torchmetrics_retrieval.functional.knn import Distance, distance_blocks
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn, label_match
+from torchmetrics_retrieval.functional.search import Distance, distance_blocks
 
 __all__ = ["relevant_ranks"]
 

@@ -19,10 +19,10 @@ from torchmetrics_retrieval.functional._checks import (
     check_top_k,
     describe,
 )
-from torchmetrics_retrieval.functional.search import BACKENDS, DISTANCES, Distance, KNNBackend
 from torchmetrics_retrieval.functional.ranking import PrecisionMode
 from torchmetrics_retrieval.functional.reduction import EMPTY_TARGET_ACTIONS, EmptyTargetAction
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
+from torchmetrics_retrieval.functional.search import BACKENDS, DISTANCES, Distance, KNNBackend
 
 __all__ = ["OptionKind", "RetrievalOptions", "option_fields"]
 

@@ -2,7 +2,7 @@
 
 ``torch.set_float32_matmul_precision("high")`` or ``("medium")`` (common in Lightning training scripts)
 lets torch compute float32 products in TF32 or bfloat16, on CPUs too (through oneDNN, where the hardware
-has it). The exactness certificates of :func:`~torchmetrics_retrieval.functional.knn.knn` and of the
+has it). The exactness certificates of :func:`~torchmetrics_retrieval.functional.knn` and of the
 contrastive accuracy assume IEEE float32 rounding, so every product they certify runs inside
 :func:`ieee_float32_matmul`.
 """

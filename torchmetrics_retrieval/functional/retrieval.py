@@ -25,9 +25,8 @@ from torchmetrics_retrieval.functional import ranking
 from torchmetrics_retrieval.functional._checks import check_positive_int
 from torchmetrics_retrieval.functional._full_ranking import relevant_ranks
 from torchmetrics_retrieval.functional._options import RetrievalOptions
-from torchmetrics_retrieval.functional._sets import PairedIds, QueryGallery, split_query_gallery
 from torchmetrics_retrieval.functional._search.plan import symmetric_search_fits
-from torchmetrics_retrieval.functional.search import KNNResult, knn_chunks
+from torchmetrics_retrieval.functional._sets import PairedIds, QueryGallery, split_query_gallery
 from torchmetrics_retrieval.functional.reduction import (
     apply_empty_target_action,
     grouped_mean,
@@ -35,6 +34,7 @@ from torchmetrics_retrieval.functional.reduction import (
     masked_mean,
 )
 from torchmetrics_retrieval.functional.relevance import count_relevant, relevance_matrix
+from torchmetrics_retrieval.functional.search import KNNResult, knn_chunks
 
 __all__ = ["RetrievalOptions", "RetrievalResult", "retrieval_metrics", "retrieval_per_query"]
 

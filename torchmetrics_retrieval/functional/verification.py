@@ -1,6 +1,6 @@
 r"""Verification metrics on pairs: FNMR@FMR, TAR@FAR and the DET curve, exact and streaming.
 
-Pairs (DESIGN.md section 3): for every query ``q`` and every gallery item ``g`` of its gallery ``G(q)``
+Pairs (see docs/definitions.md): for every query ``q`` and every gallery item ``g`` of its gallery ``G(q)``
 (``q`` itself, items of its sequence and of other search groups removed), the ordered pair ``(q, g)``
 is *positive* when the labels match and *negative* otherwise; the pairs of a query without any
 relevant item are therefore all negatives. With :math:`v` the negative and :math:`u` the positive
@@ -35,8 +35,8 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional._checks import check_choice, check_fractions, describe
 from torchmetrics_retrieval.functional._sets import PairedIds, split_query_gallery
-from torchmetrics_retrieval.functional.knn import DISTANCES, Distance, DistanceBlock, distance_blocks
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn, label_match
+from torchmetrics_retrieval.functional.search import DISTANCES, Distance, DistanceBlock, distance_blocks
 
 __all__ = ["DEFAULT_FMR_GRID", "det_curve", "fnmr_at_fmr", "fnmr_at_fmr_from_distances"]
 

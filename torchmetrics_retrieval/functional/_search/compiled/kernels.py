@@ -1,11 +1,10 @@
-"""The numba kernels of the compiled stage-1 buffers (:mod:`._compiled_buffer`, :mod:`._symmetric_sweep`) and
-of the compiled stage-2 ordering (:mod:`._compiled_order`), compiled on first use and cached on disk.
+"""The numba kernels of the compiled stage-1 buffers (``compiled.buffer``, ``symmetric_sweep``) and of the
+compiled stage-2 ordering (``compiled.order``), compiled on first use and cached on disk.
 
-Importing this module imports numba (about a second): the modules that use it import it on first use only.
-The kernels are module-level functions: numba keys its disk cache by a function's closure variables too,
-and a kernel defined in a closure that called another kernel missed the cache in every new process (the
-callee pickles with a per-process id), so it was compiled again (about 1.5 s) and one more cache file
-written each time.
+Importing this module imports numba: the modules that use it import it on first use only
+(``compiled.buffer.load_kernels``). The kernels are module-level functions, never closures: numba keys its
+disk cache by a function's closure variables too, and a closure's callee pickles with a per-process id, so a
+kernel calling a kernel from a closure would miss the cache in every new process and compile again.
 """
 
 from __future__ import annotations

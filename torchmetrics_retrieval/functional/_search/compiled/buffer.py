@@ -4,52 +4,37 @@ A block of keys is scanned in compiled code: an entry below its query's threshol
 that query's buffer, and a full buffer is cut back to its best ``kp`` entries, which lowers ``tau`` to the
 ``kp``-th key. A block of symmetric keys serves its row and its column queries in the same pass. At the end
 every row is radix-sorted by (key, position) and cut to ``kp``. No temporaries: the same running-threshold selection
-as :class:`~torchmetrics_retrieval.functional._stream_topk._Buffer`, which needs several torch passes
+as ``torch_buffer.TorchBuffer``, which needs several torch passes
 (compare, nonzero, gather, topk) per block and costs more than the matrix product at large ``kp``.
 
 The block's keys come from torch (a matrix product on the CPU); the scans are the numba kernels of
-:mod:`._numba_kernels`. Without numba, off the CPU or for small searches, the torch buffer is used.
+``compiled.kernels``. Without numba, off the CPU or for small searches (``plan.use_compiled``), the torch
+buffer is used.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from types import ModuleType
 
 import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["CompiledBuffer", "available", "kernels"]
-
-#: numba is a dependency, but the torch buffer still works without it; it is imported on first use only.
-HAS_NUMBA = importlib.util.find_spec("numba") is not None
+__all__ = ["CompiledBuffer", "load_kernels"]
 
 
-#: Smallest search (query x gallery pairs) that takes the compiled kernels: below it, loading them (about
-#: 0.35 s per process with numba's import, from its on-disk cache; about 10 s to compile them on first use)
-#: costs more than they save. (Set when loading took 1 s; not measured again since.)
-MIN_PAIRS = 2**26
+def load_kernels() -> ModuleType:
+    """The compiled kernels (:mod:`.kernels`, imported on first use so that importing this module never loads
+    numba)."""
+    from torchmetrics_retrieval.functional._search.compiled import kernels as compiled_kernels
 
-
-def available(device: torch.device, n_query: int, n_gallery: int) -> bool:
-    """Whether compiled kernels serve a search of ``n_query`` x ``n_gallery`` on ``device`` (positions are
-    stored as int32)."""
-    return HAS_NUMBA and device.type == "cpu" and n_query * n_gallery >= MIN_PAIRS and n_gallery < 2**31
-
-
-def kernels() -> ModuleType:
-    """The compiled kernels (:mod:`._numba_kernels`, imported on first use so that importing this module never
-    loads numba)."""
-    from torchmetrics_retrieval.functional import _numba_kernels
-
-    return _numba_kernels
+    return compiled_kernels
 
 
 class CompiledBuffer:
     """Best candidates of ``n_rows`` queries, filled by compiled scans of key blocks (CPU, float32 keys).
 
-    The interface of :class:`~torchmetrics_retrieval.functional._stream_topk._Buffer` that the drivers use.
+    The interface of ``torch_buffer.TorchBuffer`` that the drivers use.
     ``filling`` is always False: a query without a threshold appends until its buffer is full.
     """
 
@@ -64,7 +49,7 @@ class CompiledBuffer:
         self.fill = np.zeros(n_rows, dtype=np.int64)
         self.tau = tau.to(torch.float32).numpy().copy()
         self.passing = np.zeros(0, dtype=np.uint8)  # per-entry marks of one block row, grown on demand
-        self.kernels = kernels()
+        self.kernels = load_kernels()
 
     def filling(self, rows: slice) -> bool:
         return False
@@ -88,7 +73,7 @@ class CompiledBuffer:
         self.kernels.scan(values, rows.start, col0, *state)
 
     def result(self) -> tuple[Tensor, Tensor, Tensor]:
-        """``(keys (R, kp), gallery positions (R, kp), floors (R,))`` as :meth:`_Buffer.result`, each row
+        """``(keys (R, kp), gallery positions (R, kp), floors (R,))`` as ``TorchBuffer.result``, each row
         sorted by (key, position)."""
         self.kernels.finish(self.keys, self.items, self.fill, self.tau, self.kp)
         keys = torch.from_numpy(self.keys[:, : self.kp].copy())

@@ -1,8 +1,8 @@
 """Stage 1 of a large set searched against itself, group by group, most distances computed once.
 
-:func:`~torchmetrics_retrieval.functional._stream_topk.stream_topk_symmetric` computes every distance once
+``stream_topk.stream_topk_symmetric`` computes every distance once
 but holds the candidates of every query at once. When they do not fit (N = 100k, K = 999 would take
-2.5 GB), the queries are taken in consecutive groups of ``GROUP_ROWS``, each with its own buffer, and the
+2.5 GB), the queries are taken in consecutive groups of ``plan.GROUP_ROWS``, each with its own buffer, and the
 key blocks of a group against the next ``window`` groups also serve those groups' queries: their entries
 below the column query's first threshold are *spilled*, grouped by query, until that query's group comes.
 A group then appends what was spilled to it and computes only the blocks that no earlier group spilled
@@ -11,7 +11,7 @@ twice, and the spill stays within a byte budget: a group whose spill outgrows it
 are then computed again by the later groups, which is always correct).
 
 Compiled kernels only (CPU, numba); every query's candidates and floor mean what they mean for
-:func:`~torchmetrics_retrieval.functional._stream_topk.stream_topk_symmetric`.
+``stream_topk.stream_topk_symmetric``.
 """
 
 from __future__ import annotations
@@ -23,27 +23,21 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._compiled_buffer import CompiledBuffer, kernels
-from torchmetrics_retrieval.functional._stream_topk import KeyFn, MaskFn, sample_thresholds
+from torchmetrics_retrieval.functional._search import plan
+from torchmetrics_retrieval.functional._search.compiled.buffer import CompiledBuffer, load_kernels
+from torchmetrics_retrieval.functional._search.stream_topk import KeyFn, MaskFn, sample_thresholds
 
-__all__ = ["SPILL_BYTES", "SymmetricSweep"]
-
-#: Queries per group (each group's buffer is ``GROUP_ROWS x 2 kp`` entries of 8 bytes).
-GROUP_ROWS = 2048
-#: Largest size of the spilled entries (8 bytes each, plus 12 bytes per entry of the group being scanned).
-SPILL_BYTES = 160 * 2**20
-#: Spilled entries per query assumed when choosing the window: the estimated thresholds let about
-#: 1.6 ``kp`` entries of a query pass (measured at N = 100k, kp = 1030).
-SPILL_PER_KP = 2.0
+__all__ = ["SymmetricSweep", "window_groups"]
 
 Spill = tuple[np.ndarray, np.ndarray, np.ndarray]  # (column queries, items, keys): listed entries
 Piece = tuple[np.ndarray, np.ndarray, np.ndarray]  # (CSR offsets over a group's rows, items, keys)
 
 
-def window_groups(n: int, kp: int, spill_bytes: int, group_rows: int = GROUP_ROWS) -> int:
+def window_groups(n: int, kp: int, spill_bytes: int, group_rows: int | None = None) -> int:
     """Groups after its own that a group spills to: the spill in flight is about ``P W^2 / (2 n)`` entries
     for a window of ``W`` rows and ``P`` entries per query, which must fit ``spill_bytes``."""
-    per_query = SPILL_PER_KP * kp
+    per_query = plan.SPILL_PER_KP * kp
+    group_rows = group_rows or plan.GROUP_ROWS
     window_rows = math.sqrt(2.0 * n * (spill_bytes / 8) / per_query)
     return int(window_rows // group_rows)
 
@@ -52,7 +46,7 @@ def _mapped_copy(array: np.ndarray) -> np.ndarray:
     """A copy in memory of its own (an anonymous mapping, unmapped when the copy is freed).
 
     Spilled pieces live for many groups: in the allocator's heap, between short-lived temporaries, they kept
-    freed memory from being returned (peak 1024-1040 MiB instead of 943-961 at N = 100k, K = 999).
+    freed memory from being returned to the system, which raised the peak memory of large sweeps.
     """
     if array.nbytes == 0:
         return array.copy()
@@ -99,8 +93,8 @@ class SymmetricSweep:
         spill_bytes: int | None = None,
         group_rows: int | None = None,
     ) -> None:
-        spill_bytes = SPILL_BYTES if spill_bytes is None else spill_bytes
-        group_rows = group_rows or GROUP_ROWS
+        spill_bytes = plan.SPILL_BYTES if spill_bytes is None else spill_bytes
+        group_rows = group_rows or plan.GROUP_ROWS
         self.kp, self.mask_fn, self.key_fn, self.n = kp, mask_fn, key_fn, n
         self.rows, self.cols, self.group_rows = rows_per_chunk, cols_per_block, group_rows
         tau, _ = sample_thresholds(n, n, key_fn, kp, mask_fn, rows_per_chunk, estimate=True)
@@ -114,7 +108,7 @@ class SymmetricSweep:
         self.done: list[tuple[int, tuple[Tensor, Tensor, Tensor]]] = []  # (first row, result) of each group
         self.position = 0  # the next query row that may be asked for
         self.next_group = 0
-        self.kernels = kernels()
+        self.kernels = load_kernels()
         self.width = 2 * kp  # a row ends with about 1.6 kp entries: it rarely needs a compaction
         # one buffer serves every group in turn
         self.memory = np.empty((group_rows, self.width), np.float32), np.empty((group_rows, self.width), np.int32)
@@ -180,7 +174,7 @@ class SymmetricSweep:
     def _new_spill(self, start: int, stop: int) -> Spill | None:
         """Empty entry lists for a group's spill to the queries ``start .. stop - 1`` (None: no room)."""
         room = (self.spill_bytes - self.spilled_bytes) // 12
-        expected = int(2 * SPILL_PER_KP * self.kp * self.group_rows * (stop - start) // self.n)
+        expected = int(2 * plan.SPILL_PER_KP * self.kp * self.group_rows * (stop - start) // self.n)
         capacity = min(room, max(expected, self.cols))
         if stop == start or capacity < self.cols:
             return None

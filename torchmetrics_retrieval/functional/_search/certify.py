@@ -1,0 +1,224 @@
+"""Stage 2: the candidates' canonical distances, their order by (distance, gallery position), and the
+certificate that proves a query's answer exact.
+
+Every eligible non-candidate has a stage-1 key >= its query's floor, and a key is within a rigorous rounding
+bound (:func:`key_tolerance`) of the exact key: so its exact distance is at least what the floor minus the
+bound maps to. A query whose K-th distance is below that is *certified*; the others (near-ties at the
+boundary, an estimated threshold that fell short) are searched again with more candidates by ``rounds``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from torchmetrics_retrieval.functional._search import plan
+from torchmetrics_retrieval.functional._search.compiled.order import mixed_runs, order_runs, sort_by_key
+from torchmetrics_retrieval.functional._search.keys import canonical_dots, distances_from_dots, order_key
+from torchmetrics_retrieval.functional._search.problem import Candidates, Problem
+from torchmetrics_retrieval.functional._search.types import RelevanceFn
+
+__all__ = ["Ranked", "canonical_distances", "key_tolerance", "rank"]
+
+
+def canonical_distances(problem: Problem, rows: Tensor, pair_rows: Tensor, pair_cols: Tensor) -> Tensor:
+    """Float64 distances of the pairs ``(rows[pair_rows[i]], pair_cols[i])``, computed pair by pair."""
+    query64 = problem.query64[rows]
+    dots = canonical_dots(pair_rows, pair_cols, query64, problem.gallery64)
+
+    def direct_sq(close: tuple[Tensor, ...]) -> Tensor:
+        diff = query64[pair_rows[close[0]]] - problem.gallery64[pair_cols[close[0]]]
+        return (diff * diff).sum(dim=1)
+
+    q_sq, g_sq = problem.query_sq64[rows][pair_rows], problem.gallery_sq64[pair_cols]
+    return distances_from_dots(dots, q_sq, g_sq, problem.distance, direct_sq)
+
+
+def key_tolerance(problem: Problem, rows: Tensor, rounding: int) -> Tensor:
+    """A rigorous bound on |stage-1 key - exact key| of every pair of these queries, ``(R,)`` float64.
+
+    With ``u = 2**-24`` (float32 unit roundoff), a float32 sum of n products errs by at most
+    ``n u sum|a_i b_i|`` in any summation order, with or without fused multiply-adds; every stage input
+    (a row entry, a squared norm, a unit row for cosine) is within ``u`` relative of its exact value
+    (``keys.stage_rows``). ``rounding`` counts the stage's terms in units of ``u * scale``, with ``scale``
+    ``S = (|q| + max |g|)^2`` (L2), ``|q| max |g|`` (dot) or 1 (cosine), ``D`` the dimension:
+
+    * torch, one side: ``addmm(|g|^2, q, g^T, alpha=-2)`` sums D + 1 terms of total size
+      ``|g|^2 + 2 |q||g| <= S``: ``(D + 1) u S``, plus ``u S`` for each of the rounded norm, the rounded
+      rows and the result: ``D + 4``;
+    * torch, symmetric: ``2 <[-x, 1, |x|^2/2], [y, |y|^2/2, 1]> - |x|^2`` sums D + 2 terms of total size
+      ``S / 2``, doubled: ``(D + 2) u S``, plus the norms, rows and two roundings: ``D + 6``;
+    * faiss top-k: ``<[2g, -|g|^2, 1], [q, 1, 0]>`` as the one-sided torch sum, plus the float32 rounding of
+      the float64 key: ``D + 5``;
+    * faiss range search: the query's threshold ``t`` (``|t| <= S``) is a term of the product
+      ``<[2g, -|g|^2, 1], [q, 1, t]>``, which doubles the sum's size: ``2 D + 8``.
+
+    ``problem.rounding_terms`` rounds these up to ``D + 6`` and ``2 D + 8``; ``plan.TOLERANCE_FACTOR`` adds a margin
+    (which also covers the float64 rounding of the canonical values, about ``2**-29`` times smaller).
+    """
+    unit = 2.0**-24 * rounding * plan.TOLERANCE_FACTOR
+    q_norm, g_norm = problem.query_sq64[rows].sqrt(), problem.gallery_sq64.max().sqrt()
+    if problem.distance == "cosine":
+        return torch.full_like(q_norm, unit)
+    if problem.distance == "dot":
+        return unit * q_norm * g_norm
+    return unit * (q_norm + g_norm) ** 2
+
+
+def _key_to_distance(problem: Problem, rows: Tensor, keys: Tensor) -> Tensor:
+    """The distance of a key (a monotone map), float64; ``keys`` is ``(R,)`` or ``(R, n)``."""
+    keys = keys.to(torch.float64)
+    if problem.distance == "dot":
+        return keys
+    if problem.distance == "cosine":
+        return 1.0 + keys
+    squared = keys + problem.query_sq64[rows].view(-1, *([1] * (keys.dim() - 1)))
+    return squared.clamp(min=0.0).sqrt() if problem.distance == "euclidean" else squared
+
+
+def _near_duplicate_limit(problem: Problem, rows: Tensor, tolerance: Tensor) -> Tensor:
+    """``(R,)`` float64: keys at most this are near duplicates of the query, whose distance a key cannot
+    tell from 0 (L2: ``key + |q|^2 <= 2 tol``); -inf for the other distances."""
+    if problem.distance in ("euclidean", "sqeuclidean"):
+        return 2.0 * tolerance - problem.query_sq64[rows]
+    return torch.full_like(tolerance, -float("inf"))
+
+
+def _near_ties(keys: Tensor, gap: Tensor) -> Tensor:
+    """``(R, n)`` bool: entries whose key is within ``gap[r]`` of another key of their row."""
+    ordered, order = torch.sort(keys, dim=1)
+    close = ordered.diff(dim=1) <= gap[:, None].to(keys.dtype)
+    near = torch.zeros_like(keys, dtype=torch.bool)
+    near[:, 1:] |= close
+    near[:, :-1] |= close
+    return torch.empty_like(near).scatter_(1, order, near)
+
+
+class Ranked(NamedTuple):
+    distances: Tensor  # (R, K) in the query's dtype
+    indices: Tensor  # (R, K) int64
+    valid: Tensor  # (R, K) bool
+    certified: Tensor  # (R,) bool: provably the exact answer
+
+
+def _order_by_distance_then_position(distances: Tensor, positions: Tensor) -> Tensor:
+    """Per row, the permutation sorting by (distance, position): one sort on a combined int64 key.
+
+    Float32 distances take ``keys.order_key``; other dtypes two stable sorts.
+    """
+    if distances.dtype == torch.float32 and positions.numel() and int(positions.max()) < 2**31:
+        return torch.argsort(order_key(distances, positions), dim=1)
+    by_position = torch.argsort(positions, dim=1, stable=True)
+    return by_position.gather(1, torch.argsort(distances.gather(1, by_position), dim=1, stable=True))
+
+
+def rank(
+    problem: Problem,
+    rows: Tensor,
+    candidates: Candidates,
+    k: int,
+    exact_distances: bool,
+    relevance: RelevanceFn | None = None,
+) -> Ranked:
+    """Distances of the candidates, stable order by (distance, gallery position), certificate.
+
+    With ``exact_distances`` every candidate's distance is recomputed canonically in float64. Without,
+    only the candidates whose key lies within two rounding bounds of another candidate's key are (near
+    ties); the others keep the distance of their stage-1 key. The order is the same: a candidate whose
+    key is further than two bounds from every other key is further than zero from them in exact
+    distance too, on the same side (and far more than a float32 step apart after rounding). Near
+    duplicates are recomputed too, so that a duplicate's distance is exactly 0.
+    """
+    indices, ok, floor, keys, rounding = candidates
+    tolerance = key_tolerance(problem, rows, rounding)
+    if not exact_distances and plan.use_compiled(ok.device, problem.query.shape[0], problem.gallery.shape[0]):
+        return _rank_compiled(problem, rows, candidates, k, tolerance, relevance)
+    if exact_distances:
+        recompute = ok
+    else:
+        near = _near_ties(keys.masked_fill(~ok, float("inf")), 2.0 * tolerance)
+        recompute = ok & (near | (keys <= _near_duplicate_limit(problem, rows, tolerance)[:, None]))
+    pair_rows, slots = torch.nonzero(recompute, as_tuple=True)
+    dtype = problem.query.dtype
+    if exact_distances:
+        values = torch.full(ok.shape, float("inf"), dtype=dtype, device=ok.device)
+    else:
+        values = _key_to_distance(problem, rows, keys).to(dtype).masked_fill_(~ok, float("inf"))
+    values[pair_rows, slots] = canonical_distances(problem, rows, pair_rows, indices[pair_rows, slots]).to(dtype)
+    order = _order_by_distance_then_position(values, torch.where(ok, indices, problem.gallery.shape[0]))[:, :k]
+    valid = ok.gather(1, order)
+    distances = values.gather(1, order).masked_fill_(~valid, float("inf"))
+    chosen = indices.gather(1, order).masked_fill_(~valid, 0)
+    last = order[:, -1:]
+    certified = _certified(
+        problem, rows, ok, floor, tolerance, k, distances, keys.gather(1, last), recompute.gather(1, last)
+    )
+    return Ranked(distances, chosen, valid, certified)
+
+
+def _certified(
+    problem: Problem,
+    rows: Tensor,
+    ok: Tensor,
+    floor: Tensor,
+    tolerance: Tensor,
+    k: int,
+    distances: Tensor,
+    last_key: Tensor,
+    last_recomputed: Tensor,
+) -> Tensor:
+    """``(R,)`` bool: the ranked rows that are provably the exact answer.
+
+    Every eligible non-candidate has a key >= the floor, so an exact distance >= ``bound``; the answer is
+    exact when the K-th distance is below it (or nothing is left). A K-th distance taken from a key
+    (``last_recomputed`` False) is only known up to the key's rounding bound: its upper end must be below.
+    """
+    n_found = ok.sum(dim=1)
+    covered = n_found >= problem.n_eligible[rows]
+    dtype = distances.dtype
+    bound = _key_to_distance(problem, rows, floor.to(torch.float64) - tolerance).to(dtype)
+    upper = _key_to_distance(problem, rows, last_key.reshape(-1).to(torch.float64) + tolerance).to(dtype)
+    upper = torch.where(last_recomputed.reshape(-1), distances[:, -1], upper)
+    return covered | ((n_found >= k) & (upper < bound))
+
+
+def _rank_compiled(
+    problem: Problem,
+    rows: Tensor,
+    candidates: Candidates,
+    k: int,
+    tolerance: Tensor,
+    relevance: RelevanceFn | None,
+) -> Ranked:
+    """:func:`rank` without exact distances, ordered by the compiled kernels of ``compiled.order``.
+
+    With ``relevance``, a run of near ties whose items are all relevant or all irrelevant keeps its key
+    order: any order of it gives every rank the same relevance, so only mixed runs are recomputed.
+    """
+    indices, ok, floor, keys, _ = candidates
+    keys32 = keys.to(torch.float32).masked_fill(~ok, float("inf"))
+    near_limit = _near_duplicate_limit(problem, rows, tolerance)
+    keys32, items, near = sort_by_key(keys32, indices.masked_fill(~ok, 0), 2.0 * tolerance, near_limit)
+    ok = keys32 < float("inf")
+    near &= ok
+    if relevance is not None:
+        near = mixed_runs(near, relevance(rows, items))
+    dtype = problem.query.dtype
+    values = torch.zeros(keys32.shape, dtype=dtype)
+    pair_rows, slots = torch.nonzero(near, as_tuple=True)
+    values[pair_rows, slots] = canonical_distances(problem, rows, pair_rows, items[pair_rows, slots]).to(dtype)
+    order = order_runs(values, items, near)[:, :k]
+    valid, recomputed = ok.gather(1, order), near.gather(1, order)
+    key_k = keys32.gather(1, order).to(torch.float64)
+    distances = torch.where(recomputed, values.gather(1, order), _key_to_distance(problem, rows, key_k).to(dtype))
+    distances.masked_fill_(~valid, float("inf"))
+    chosen = items.gather(1, order).masked_fill_(~valid, 0)
+    certified = _certified(problem, rows, ok, floor, tolerance, k, distances, key_k[:, -1], recomputed[:, -1])
+    return Ranked(distances, chosen, valid, certified)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# knn: public entry point
+# ----------------------------------------------------------------------------------------------------------------------

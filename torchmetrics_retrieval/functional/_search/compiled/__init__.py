@@ -1,0 +1,5 @@
+"""Compiled (numba) kernels of the engine on the CPU: the stage-1 candidate scans (``buffer``), the stage-2
+ordering of near ties (``order``), and the kernels themselves (``kernels``, loaded on first use).
+
+Whether a search takes them is decided in one place, ``plan.use_compiled``.
+"""

@@ -1,0 +1,188 @@
+"""The plan of a search: every tuning constant of the engine, the buffer sizes, and the choices made from them
+(backend, compiled kernels or torch passes, one symmetric pass or a sweep).
+
+Nothing here changes a result: each constant trades time or memory, and every path gives the same exact
+answer. The measurements behind the values are in benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+__all__ = [
+    "buffer_width",
+    "candidates_per_query",
+    "force_compiled",
+    "resolve_backend",
+    "symmetric_buffer_fits",
+    "symmetric_search_fits",
+    "use_compiled",
+]
+
+# ---- blocks of the distance matrix (distance_blocks, the verification and full-ranking passes) -----------------
+#: Memory budget of one block of the distance matrix (plus its mask and temporaries), in bytes.
+BLOCK_BYTES = 128 * 2**20
+#: Preferred number of gallery columns of a block (cache-friendly, large enough for a fast matmul).
+BLOCK_COLUMNS = 4096
+
+# ---- stage 1: candidates by float32 keys ---------------------------------------------------------------------------
+#: Stage-1 candidates per query: ``K + min(MAX_MARGIN, max(MIN_MARGIN, K // MARGIN_DIVISOR))``. A thin margin
+#: keeps stage 1 cheap; the rows it leaves without a certificate (0-0.15% of the queries on clustered data)
+#: are searched again alone, with twice the candidates.
+MIN_MARGIN = 2
+MARGIN_DIVISOR = 32
+MAX_MARGIN = 64
+#: Rows and columns of a stage-1 block of the torch backend.
+STAGE1_ROWS = 512
+STAGE1_COLUMNS = 4096
+#: Width of the segments whose minima prune a block before any exact comparison (torch buffer).
+SEGMENT = 32
+#: A transposed scan gathers its passing column segments unless more than 1 in this many pass.
+TRANSPOSE_SHARE = 8
+#: The pre-pass that gives every query an initial threshold samples about ``SAMPLE_SCALE * (kp * G)^(1/3)``
+#: gallery items: a larger sample costs more, a smaller one gives a looser threshold (more entries pass it,
+#: each costing an append and a sort).
+SAMPLE_SCALE = 6.0
+#: An estimated first threshold is the sample rank ``m + SIGMAS * (sqrt(m) + 1)``, where ``m`` is the expected
+#: number of sample keys below the true ``kp``-th key: a miss needs a deviation of over ``SIGMAS`` standard
+#: deviations (under 1% of the queries on random data; they are searched again). A smaller margin lets more
+#: entries pass the threshold, a larger one makes more queries miss.
+SIGMAS = 2.5
+#: Sample items per group when the sample is folded to its group minima (see ``sample_thresholds``).
+FOLD = 4
+#: Largest candidate buffer (bytes) of the one-pass symmetric search, which holds every query's candidates.
+SYMMETRIC_BUFFER_BYTES = 768 * 2**20
+#: The symmetric sweep (when that buffer does not fit): queries per group (each group's buffer is
+#: ``GROUP_ROWS x 2 kp`` entries of 8 bytes), the byte budget of the spilled entries (8 bytes each, plus 12
+#: bytes per entry of the group being scanned), and the spilled entries per query assumed when choosing the
+#: window (the estimated thresholds let about 1.6 ``kp`` entries of a query pass).
+GROUP_ROWS = 2048
+SPILL_BYTES = 160 * 2**20
+SPILL_PER_KP = 2.0
+#: The faiss stage's first round takes a range search below estimated thresholds from this many candidates
+#: per query and galleries of at least ``RANGE_GALLERY_PER_KP * kp`` items.
+RANGE_MIN_KP = 64
+RANGE_GALLERY_PER_KP = 16
+#: Faiss GPU indexes cannot return more neighbours than this.
+FAISS_GPU_MAX_K = 2048
+#: Without compiled scans, ``auto`` takes the symmetric torch stage from this many samples and up to this many
+#: candidates per query.
+AUTO_TORCH_MIN_N = 60_000
+AUTO_TORCH_MAX_KP = 48
+
+# ---- stage 2 and the rounds ------------------------------------------------------------------------------------------
+#: Margin on the worst-case float32 rounding bound of the stage-1 keys (see ``certify.key_tolerance``).
+TOLERANCE_FACTOR = 1.5
+#: Candidate pairs held at once by one round (bounds the memory of stages 1 and 2).
+ROUND_PAIRS = 2**21
+#: Largest squared norm accepted (float32 keys must not overflow).
+MAX_SQUARED_NORM = 1e36
+
+# ---- compiled kernels -------------------------------------------------------------------------------------------
+#: numba is a dependency, but every path works without it (torch passes); it is imported on first use only.
+HAS_NUMBA = importlib.util.find_spec("numba") is not None
+#: Smallest search (query x gallery pairs) that takes the compiled kernels: below it, loading them (numba's
+#: import and its on-disk cache, or about 10 s to compile them once per machine) costs more than they save.
+MIN_PAIRS = 2**26
+
+_forced: bool | None = None
+
+
+def use_compiled(device: torch.device, n_query: int, n_gallery: int) -> bool:
+    """Whether the compiled kernels serve a search of ``n_query`` x ``n_gallery`` on ``device``: the one place
+    where that is decided (CPU only, numba present, large enough, positions stored as int32)."""
+    if not (HAS_NUMBA and device.type == "cpu" and n_gallery < 2**31):
+        return False
+    return _forced if _forced is not None else n_query * n_gallery >= MIN_PAIRS
+
+
+@contextlib.contextmanager
+def force_compiled(enabled: bool | None) -> Iterator[None]:
+    """Take the compiled kernels for every CPU search of any size (True), never (False), or by size (None)
+    inside the block: how the tests run both paths on small data.
+
+    Example:
+        >>> with force_compiled(False):
+        ...     use_compiled(torch.device("cpu"), 10**6, 10**6)
+        False
+    """
+    global _forced
+    saved, _forced = _forced, enabled
+    try:
+        yield
+    finally:
+        _forced = saved
+
+
+def candidates_per_query(k: int, n_gallery: int) -> int:
+    """Stage-1 candidates per query for ``k`` neighbours: ``k`` plus the margin."""
+    return min(n_gallery, k + min(MAX_MARGIN, max(MIN_MARGIN, k // MARGIN_DIVISOR)))
+
+
+def buffer_width(kp: int) -> int:
+    """Slots per row of a candidate buffer: ``kp`` kept plus a slack >= ``kp`` (a dense append of <= kp fits
+    after a compaction)."""
+    return kp + max(2 * kp, 64)
+
+
+def symmetric_buffer_fits(n: int, kp: int) -> bool:
+    """Whether the one-pass symmetric search of ``n`` rows with ``kp`` candidates fits its buffer budget."""
+    return n * buffer_width(kp) * 8 <= SYMMETRIC_BUFFER_BYTES
+
+
+def symmetric_search_fits(n: int, k: int) -> bool:
+    """Whether a set of ``n`` samples searched against itself for ``k`` neighbours takes the symmetric torch
+    stage in one pass (its candidate buffer for every sample fits ``SYMMETRIC_BUFFER_BYTES``)."""
+    return symmetric_buffer_fits(n, candidates_per_query(k, n))
+
+
+def faiss_module() -> Any:
+    """faiss, imported lazily (only the faiss stage needs it)."""
+    try:
+        import faiss
+    except ImportError as error:  # pragma: no cover - faiss-cpu is a dependency
+        raise ImportError("backend='faiss' needs faiss: `pip install faiss-cpu` (or faiss-gpu).") from error
+    return faiss
+
+
+def resolve_backend(
+    backend: str, device: torch.device, n_query: int, n_gallery: int, kp: int, *, symmetric: bool, groups: bool
+) -> str:
+    """The stage that runs: ``"torch"``, ``"faiss"`` or ``"faiss-gpu"``.
+
+    ``auto`` takes what was fastest in benchmarks/bench_knn.py (2 CPU cores, D = 128, clustered data): with
+    compiled scans, the torch stage for a set searched against itself (each distance block computed once)
+    and for large K against a gallery, faiss for small K against a gallery; without them, torch only for
+    large leave-one-out searches with few candidates. Search groups (which faiss cannot restrict a search
+    to) and tensors off the CPU take the torch stage, with a warning when faiss was asked for.
+    """
+    if backend == "auto":
+        if device.type != "cpu" or groups:
+            return "torch"
+        if use_compiled(device, n_query, n_gallery):
+            return "torch" if symmetric or kp >= RANGE_MIN_KP else "faiss"
+        large_symmetric = symmetric and n_query >= AUTO_TORCH_MIN_N and kp <= AUTO_TORCH_MAX_KP
+        return "torch" if large_symmetric else "faiss"
+    if backend == "torch":
+        return "torch"
+    if groups:
+        warnings.warn(
+            "backend='faiss' cannot restrict a search to search groups: using the torch backend.", stacklevel=4
+        )
+        return "torch"
+    if device.type != "cpu":
+        if not (faiss_module().get_num_gpus() > 0 and kp <= FAISS_GPU_MAX_K):
+            warnings.warn(
+                f"backend='faiss' on {device} needs faiss-gpu and at most {FAISS_GPU_MAX_K} candidates: "
+                "using the torch backend.",
+                stacklevel=4,
+            )
+            return "torch"
+        return "faiss-gpu"
+    return "faiss"

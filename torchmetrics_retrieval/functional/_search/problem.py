@@ -1,0 +1,100 @@
+"""A search problem, checked and prepared once: the rows in float64, their canonical squared norms, each
+query's number of eligible items; and what a stage-1 search returns for it (:class:`Candidates`).
+
+Stage 1 ranks pairs by a float32 *key* that orders like the distance: ``|g|^2 - 2<q,g>`` (L2; ``|q|^2`` is
+constant per query), ``-<q,g>`` (dot) and ``-<q/|q|, g/|g|>`` (cosine). A stage returns, per query, ``kp``
+candidates (gallery positions; ``ok`` marks a real eligible item) and a *floor*: every eligible item that is
+not a candidate has a key >= the floor. The floor is the largest candidate key when the stage selected ``kp``
+candidates exactly, +inf when it found every eligible item, and the estimated threshold of a stage whose
+estimate turned out too low (fewer than ``kp`` candidates).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from torchmetrics_retrieval.functional._search import plan
+from torchmetrics_retrieval.functional._search.keys import self_dots, stage_rows
+from torchmetrics_retrieval.functional._search.types import Exclusions
+
+__all__ = ["Candidates", "Problem", "make_problem", "rounding_terms"]
+
+
+class Problem(NamedTuple):
+    """A validated kNN problem with the per-row data every stage needs."""
+
+    query: Tensor  # (Q, D) as given
+    gallery: Tensor  # (G, D) as given
+    distance: str
+    exclusions: Exclusions
+    n_eligible: Tensor  # (Q,) int64: eligible gallery items of each query
+    query64: Tensor  # (Q, D) float64 (canonical stage)
+    gallery64: Tensor  # (G, D) float64
+    query_sq64: Tensor  # (Q,) canonical <q, q>
+    gallery_sq64: Tensor  # (G,) canonical <g, g>
+    symmetric: bool  # the set against itself with symmetric exclusions: each distance serves both sides
+
+    def stage_query(self, rows: Tensor) -> Tensor:
+        """The float32 stage-1 rows of the queries ``rows`` (see :func:`stage_rows`)."""
+        return stage_rows(self.query64[rows], self.query_sq64[rows], self.distance)[0]
+
+    def stage_gallery(self) -> tuple[Tensor, Tensor | None]:
+        """The float32 stage-1 gallery rows and squared norms (L2 only)."""
+        return stage_rows(self.gallery64, self.gallery_sq64, self.distance)
+
+
+def make_problem(
+    query: Tensor,
+    gallery: Tensor,
+    distance: str,
+    exclusions: Exclusions,
+    same_set: bool,
+    names: tuple[str, str] = ("query", "gallery"),
+) -> Problem:
+    """Prepare a problem from checked inputs (``same_set``: ``gallery`` is ``query``, searched against itself).
+
+    The values that only the float64 norms reveal are checked here, where the norms are computed once:
+    no row may be too large for float32 keys, nor all-zero with ``distance="cosine"``. ``names`` are the
+    arguments that the user gave as the query and the gallery, for the error messages.
+    """
+    query64 = query.to(torch.float64)
+    gallery64 = query64 if same_set else gallery.to(torch.float64)
+    query_sq64 = self_dots(query64)
+    gallery_sq64 = query_sq64 if same_set else self_dots(gallery64)
+    sides = ((names[0], query_sq64),) if same_set else ((names[0], query_sq64), (names[1], gallery_sq64))
+    for name, sq in sides:
+        largest = float(sq.max()) if sq.numel() else 0.0
+        if largest > plan.MAX_SQUARED_NORM:
+            raise ValueError(
+                f"`{name}` must have row norms below 1e18 (float32 search), got a row of norm {largest**0.5:.3g}; "
+                "rescale the embeddings."
+            )
+        if distance == "cosine" and bool((sq == 0).any()):
+            raise ValueError(f"`{name}` must have no all-zero row with distance='cosine', got {int((sq == 0).sum())}.")
+    n_eligible = exclusions.count_eligible(query.shape[0], gallery.shape[0], query.device)
+    own = exclusions.self_index
+    symmetric = same_set and (own is None or bool((own == torch.arange(own.numel(), device=own.device)).all()))
+    return Problem(
+        query, gallery, distance, exclusions, n_eligible, query64, gallery64, query_sq64, gallery_sq64, symmetric
+    )
+
+
+class Candidates(NamedTuple):
+    indices: Tensor  # (R, kp) int64
+    ok: Tensor  # (R, kp) bool
+    floor: Tensor  # (R,) float: no non-candidate has a smaller key
+    keys: Tensor  # (R, kp) float: the stage-1 keys (meaningful where ok)
+    rounding: int  # the keys' rounding bound in units of u * scale (see ``certify.key_tolerance``)
+
+    def take(self, rows: Tensor) -> Candidates:
+        """The candidates of a subset of the rows."""
+        return self._replace(indices=self.indices[rows], ok=self.ok[rows], floor=self.floor[rows], keys=self.keys[rows])
+
+
+def rounding_terms(dim: int, threshold_in_product: bool = False) -> int:
+    """Rounding bound of a stage's float32 keys in units of ``u * scale`` (``u = 2**-24``, see
+    ``certify.key_tolerance``): ``D + 6``, or ``2 D + 8`` when the query's threshold is a term of the product."""
+    return 2 * dim + 8 if threshold_in_product else dim + 6

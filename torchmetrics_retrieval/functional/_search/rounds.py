@@ -1,0 +1,106 @@
+"""A prepared search (:class:`Search`: the problem, its stage, K and the candidates per query) and its rounds:
+stage 1 then stage 2 over the uncertified queries, with twice the candidates each round, until every query
+is certified exact."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from torchmetrics_retrieval.functional._precision import ieee_float32_matmul
+from torchmetrics_retrieval.functional._search import plan
+from torchmetrics_retrieval.functional._search.certify import rank
+from torchmetrics_retrieval.functional._search.faiss_stage import FaissStage
+from torchmetrics_retrieval.functional._search.problem import Problem
+from torchmetrics_retrieval.functional._search.torch_stage import TorchStage
+from torchmetrics_retrieval.functional._search.types import KNNResult, RelevanceFn
+
+__all__ = ["Search"]
+
+
+class Search(NamedTuple):
+    """A search of a checked problem, ready to answer any subset of its queries."""
+
+    problem: Problem
+    stage: TorchStage | FaissStage | None  # None: no query has an eligible item (K = 0)
+    k: int
+    kp: int
+    chunk_size: int | None
+    exact_distances: bool
+    relevance: RelevanceFn | None = None
+
+    @classmethod
+    def prepare(
+        cls,
+        problem: Problem,
+        k: int,
+        *,
+        backend: str = "auto",
+        chunk_size: int | None = None,
+        exact_distances: bool = True,
+        relevance: RelevanceFn | None = None,
+    ) -> Search:
+        """Choose the stage (``plan.resolve_backend``) and prepare the gallery for it; nothing is checked here.
+
+        ``K = min(k, G, the largest number of eligible items of any query)``.
+        """
+        n_query, n_gallery = problem.query.shape[0], problem.gallery.shape[0]
+        k = min(k, n_gallery, int(problem.n_eligible.max()) if n_query else 0)
+        if k == 0:
+            return cls(problem, None, 0, 0, chunk_size, exact_distances, relevance)
+        kp = plan.candidates_per_query(k, n_gallery)
+        engine = plan.resolve_backend(
+            backend,
+            problem.query.device,
+            n_query,
+            n_gallery,
+            kp,
+            symmetric=problem.symmetric,
+            groups=problem.exclusions.search_groups is not None,
+        )
+        stage = (
+            TorchStage(problem, chunk_size) if engine == "torch" else FaissStage(problem, use_gpu=engine == "faiss-gpu")
+        )
+        return cls(problem, stage, k, kp, chunk_size, exact_distances, relevance)
+
+    def __call__(self, queries: Tensor) -> KNNResult:
+        """The result of the queries at the positions ``queries``."""
+        if self.stage is None:
+            n, dtype, device = queries.numel(), self.problem.query.dtype, self.problem.query.device
+            return KNNResult(
+                torch.zeros((n, 0), dtype=dtype, device=device),
+                torch.zeros((n, 0), dtype=torch.long, device=device),
+                torch.zeros((n, 0), dtype=torch.bool, device=device),
+            )
+        return _search_rounds(self, self.stage, queries)
+
+
+@ieee_float32_matmul()  # the certificate's rounding bound assumes IEEE float32 products
+def _search_rounds(search: Search, stage: TorchStage | FaissStage, queries: Tensor) -> KNNResult:
+    """Rounds of stage 1 + stage 2 over the uncertified ``queries``, doubling the candidates each round."""
+    problem, k, kp, chunk_size = search.problem, search.k, search.kp, search.chunk_size
+    n_gallery, device = problem.gallery.shape[0], problem.query.device
+    distances = torch.empty((queries.numel(), k), dtype=problem.query.dtype, device=device)
+    indices = torch.empty((queries.numel(), k), dtype=torch.long, device=device)
+    valid = torch.empty((queries.numel(), k), dtype=torch.bool, device=device)
+    pending = torch.arange(queries.numel(), device=device)  # positions within ``queries``
+    first_round = True
+    while pending.numel():
+        group_rows = max(1, min(plan.ROUND_PAIRS // kp, chunk_size or queries.numel()))
+        failed = []
+        for start in range(0, pending.numel(), group_rows):
+            rows = pending[start : start + group_rows]
+            positions = queries[rows]
+            candidates = stage(positions, kp, first_round)
+            ranked = rank(problem, positions, candidates, k, search.exact_distances, search.relevance)
+            done = rows[ranked.certified]
+            distances[done] = ranked.distances[ranked.certified]
+            indices[done] = ranked.indices[ranked.certified]
+            valid[done] = ranked.valid[ranked.certified]
+            failed.append(rows[~ranked.certified])
+        pending = torch.cat(failed)
+        kp = min(n_gallery, 2 * kp)
+        first_round = False
+    return KNNResult(distances, indices, valid)

@@ -1,0 +1,143 @@
+"""Stage 1 on the tensors' device: blocked matrix products of float32 keys and a streaming threshold selection
+(``stream_topk``), scanned by compiled code on the CPU for large searches."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+from torchmetrics_retrieval.functional._search import plan
+from torchmetrics_retrieval.functional._search.problem import Candidates, Problem, rounding_terms
+from torchmetrics_retrieval.functional._search.stream_topk import BlockMemory, stream_topk, stream_topk_symmetric
+from torchmetrics_retrieval.functional._search.symmetric_sweep import SymmetricSweep
+
+__all__ = ["TorchStage"]
+
+
+class _SymmetricKeys:
+    """Symmetric keys of a set against itself from one ``(N, D + 2)`` copy of its rows ``[x, h, 1]``: half the
+    squared L2 distance ``h_i + h_j - <x_i, x_j> = <[-x_i, 1, h_i], [x_j, h_j, 1]>`` (``h = |x|^2 / 2``; the
+    left rows are made for one row block at a time), or ``-<x_i, x_j>`` (dot, cosine, from ``x`` alone).
+    Each block is valid until the next (:class:`BlockMemory`).
+
+    The product sums ``D + 2`` terms of total size ``(|x_i| + |x_j|)^2 / 2``, as in ``certify.key_tolerance``'s
+    symmetric case; the keys of (i, j) and (j, i) may differ by rounding, each within that bound.
+    """
+
+    def __init__(self, x: Tensor, half_sq: Tensor | None) -> None:
+        self.dim = x.shape[1]
+        self.rows = x if half_sq is None else torch.cat([x, half_sq[:, None], torch.ones_like(x[:, :1])], dim=1)
+        self.memory = BlockMemory()
+        self.left: tuple[slice | None, Tensor | None] = (None, None)  # the left rows of the last row block
+
+    @property
+    def x(self) -> Tensor:
+        """The rows ``x`` (a view)."""
+        return self.rows[:, : self.dim]
+
+    def _left_rows(self, rows: slice) -> Tensor:
+        cached_rows, left = self.left
+        if left is None or cached_rows != rows:
+            right = self.rows[rows]
+            if self.rows.shape[1] == self.dim:
+                left = -right
+            else:  # [-x, 1, h] from [x, h, 1]
+                left = torch.cat([-right[:, : self.dim], right[:, [self.dim + 1, self.dim]]], dim=1)
+            self.left = (rows, left)
+        return left
+
+    def __call__(self, rows: slice, cols: slice | Tensor) -> Tensor:
+        left, right = self._left_rows(rows), self.rows[cols]
+        return torch.mm(left, right.T, out=self.memory(left.shape[0], right.shape[0], left))
+
+
+class TorchStage:
+    """Stage 1 on the tensors' device: blocked ``addmm`` keys and a streaming threshold selection.
+
+    A set searched against itself (``gallery=None``) takes the symmetric path for the first round: every
+    distance block serves its row queries and, transposed, its column queries (half the matrix products),
+    in one pass when every query's candidates fit in memory and group by group (:class:`SymmetricSweep`)
+    when they do not. Later rounds (a few uncertified queries, more candidates) search their rows against
+    the whole gallery.
+    """
+
+    def __init__(self, problem: Problem, chunk_size: int | None) -> None:
+        self.problem = problem
+        gallery, gallery_sq = problem.stage_gallery()
+        self.bias = gallery_sq if gallery_sq is not None else torch.zeros_like(gallery[:, 0])
+        self.alpha = -2.0 if gallery_sq is not None else -1.0
+        self.rows = min(plan.STAGE1_ROWS, chunk_size or plan.STAGE1_ROWS)
+        self.cols = max(1, min(plan.STAGE1_COLUMNS, chunk_size or plan.STAGE1_COLUMNS, gallery.shape[0]))
+        self.symmetric = problem.symmetric
+        if self.symmetric:  # one copy of the rows serves the symmetric keys and, as a view, the other rounds
+            self.symmetric_keys = _SymmetricKeys(gallery, None if gallery_sq is None else gallery_sq / 2)
+            gallery = self.symmetric_keys.x
+        self.gallery = gallery
+        self._all_rows: Candidates | None = None
+        self._sweep: SymmetricSweep | None = None
+
+    def __call__(self, rows: Tensor, kp: int, first_round: bool) -> Candidates:
+        """Candidates of ``rows``; the first round starts from estimated thresholds (cheaper, may fall short)."""
+        n_query = self.problem.query.shape[0]
+        if first_round and self.symmetric and plan.symmetric_buffer_fits(n_query, kp):
+            if self._all_rows is None:
+                self._all_rows = self._search_symmetric(kp)
+            return self._all_rows.take(rows)
+        if first_round and self.symmetric and plan.use_compiled(rows.device, n_query, n_query):
+            found = self._sweep_take(rows, kp)
+            if found is not None:
+                return found
+        return self._search(rows, kp, estimate=first_round)
+
+    def _candidates(self, found: tuple[Tensor, Tensor, Tensor]) -> Candidates:
+        keys, positions, floor = found
+        return Candidates(positions, keys < float("inf"), floor, keys, rounding_terms(self.gallery.shape[1]))
+
+    def _from_symmetric(self, found: tuple[Tensor, Tensor, Tensor], rows: Tensor | slice) -> Candidates:
+        """Candidates from symmetric keys, which for L2 become ``|g|^2 - 2<q, g> = 2 * key - |q|^2``."""
+        keys, positions, floor = found
+        if self.alpha == -2.0:
+            floor = 2.0 * floor - self.bias[rows]
+            keys = 2.0 * keys - self.bias[rows, None]
+        return self._candidates((keys, positions, floor))
+
+    def _search_symmetric(self, kp: int) -> Candidates:
+        mask = functools.partial(self.problem.exclusions.fill_excluded_, value=float("inf"))
+        n = self.gallery.shape[0]
+        found = stream_topk_symmetric(
+            self.symmetric_keys, n, kp, mask, rows_per_chunk=self.rows, cols_per_block=self.cols, estimate=True
+        )
+        return self._from_symmetric(found, slice(None))
+
+    def _sweep_take(self, rows: Tensor, kp: int) -> Candidates | None:
+        """The candidates of consecutive ``rows`` from the symmetric sweep (None: not the sweep's next rows)."""
+        start = int(rows[0])
+        if not bool((rows == torch.arange(start, start + rows.numel(), device=rows.device)).all()):
+            return None
+        if self._sweep is None:
+            mask = functools.partial(self.problem.exclusions.fill_excluded_, value=float("inf"))
+            n = self.gallery.shape[0]
+            self._sweep = SymmetricSweep(
+                self.symmetric_keys, n, kp, mask, rows_per_chunk=self.rows, cols_per_block=self.cols
+            )
+        found = self._sweep.take(start, start + rows.numel())
+        return None if found is None else self._from_symmetric(found, rows)
+
+    def _search(self, rows: Tensor, kp: int, estimate: bool) -> Candidates:
+        problem = self.problem
+        query = self.gallery[rows] if self.symmetric else problem.stage_query(rows)
+        mask = functools.partial(problem.exclusions.take(rows).fill_excluded_, value=float("inf"))
+        found = stream_topk(
+            query,
+            self.gallery,
+            self.bias,
+            self.alpha,
+            kp,
+            mask,
+            rows_per_chunk=self.rows,
+            cols_per_block=self.cols,
+            estimate=estimate,
+        )
+        return self._candidates(found)
