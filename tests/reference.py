@@ -1,4 +1,4 @@
-"""A slow, obviously-correct reference of DESIGN.md section 3, written with plain Python loops.
+"""A slow, obviously-correct reference of docs/definitions.md, written with plain Python loops.
 
 It shares no code with the package: distances are computed pair by pair in float64, each query's
 gallery is built and sorted explicitly, and every metric is its textbook formula.
@@ -81,7 +81,7 @@ def leave_one_out(x: Tensor, labels: Tensor, **kwargs: object) -> list[QueryRank
     return rankings(x, labels, x, labels, self_index=list(range(x.shape[0])), **kwargs)  # type: ignore[arg-type]
 
 
-# ---- per-query metric values, literally as in DESIGN.md section 3 -------------------------------------------------
+# ---- per-query metric values, literally as in docs/definitions.md -------------------------------------------------
 
 
 def _precision_at(rel: list[bool], i: int) -> float:

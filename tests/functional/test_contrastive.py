@@ -13,7 +13,7 @@ from torchmetrics_retrieval.functional.contrastive import contrastive_accuracy
 
 
 def reference(z1: torch.Tensor, z2: torch.Tensor, k: int, normalize: bool) -> float:
-    """DESIGN section 3 on the full (N, N) similarity matrix (float64), one query at a time."""
+    """docs/definitions.md's rule on the full (N, N) similarity matrix (float64), one query at a time."""
     if normalize:
         z1, z2 = torch.nn.functional.normalize(z1, dim=1), torch.nn.functional.normalize(z2, dim=1)
     sim = z1.double() @ z2.double().T  # sim[i, j] = s(z1[i], z2[j]) = s(z2[j], z1[i])

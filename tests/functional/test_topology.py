@@ -21,7 +21,7 @@ from torchmetrics_retrieval.functional.topology import (
 
 
 def reference_pcf(x: np.ndarray, fractions: tuple[float, ...]) -> list[float]:
-    """DESIGN section 3 with an SVD of the centred rows, loops allowed.
+    """PCF as docs/definitions.md defines it, with an SVD of the centred rows, loops allowed.
 
     A share within ``SHARE_TOLERANCE`` of r counts as equal to it (the documented rule that keeps float
     noise from changing n; without it r = 1 - 1e-16 against a share of exactly 1 would be ill-posed).

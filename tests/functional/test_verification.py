@@ -42,7 +42,7 @@ def reference_pairs(
     distance: str = "euclidean",
     label_comparison_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Positive and negative distances by DESIGN section 3, pair by pair."""
+    """Positive and negative distances as docs/definitions.md defines the pairs, pair by pair."""
     Side = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
     if gallery is None:
         n = x.shape[0]

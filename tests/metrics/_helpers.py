@@ -100,7 +100,7 @@ def slow_metrics(
     per_class: bool = False,
     **options: Any,
 ) -> dict[str, float]:
-    """DESIGN.md section 3 with Python loops: explicit galleries, full sorts, per-group averages."""
+    """docs/definitions.md with Python loops: explicit galleries, full sorts, per-group averages."""
     n = embeddings.shape[0]
     queries = [i for i in range(n) if is_query is None or bool(is_query[i])]
     gallery = [i for i in range(n) if is_gallery is None or bool(is_gallery[i])]

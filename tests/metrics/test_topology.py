@@ -21,7 +21,7 @@ FRACTIONS = (0.0, 0.3, 0.5, 0.9, 1.0)
 
 
 def numpy_pcf(x: Tensor, fractions: tuple[float, ...]) -> dict[str, float]:
-    """DESIGN.md's rule from numpy's eigenvalues of the covariance (largest min(N, d), cumulative shares)."""
+    """PCF by docs/definitions.md from numpy's eigenvalues of the covariance (largest min(N, d), cumulative shares)."""
     n, d = x.shape
     eigenvalues = np.sort(np.linalg.eigvalsh(np.cov(x.double().numpy(), rowvar=False)))[::-1][: min(n, d)]
     shares = np.cumsum(np.clip(eigenvalues, 0, None)) / np.clip(eigenvalues, 0, None).sum()

@@ -6,7 +6,7 @@ number n(q) of relevant items in the whole gallery of q. It returns one value pe
 tensor for an int cutoff, ``(Q, T)`` for a tuple of T cutoffs (in the order given), all cutoffs
 served by one cumulative sum up to the largest. No loop over queries.
 
-Definitions (DESIGN.md section 3), with :math:`rel_i` the i-th column and
+Definitions (see docs/definitions.md), with :math:`rel_i` the i-th column and
 :math:`P@i = \frac{1}{i}\sum_{j \le i} rel_j`:
 
 * ``cmc@k`` = 1 if some :math:`rel_i = 1` with i <= k.

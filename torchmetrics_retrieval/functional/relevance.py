@@ -136,7 +136,7 @@ def count_relevant(
     """n(q): the number of relevant items in the gallery of each query, G(q).
 
     G(q) is the gallery minus the query itself (``self_index[q]``, its gallery position or -1),
-    minus items sharing its sequence id, restricted to its search group (DESIGN.md section 3).
+    minus items sharing its sequence id, restricted to its search group (see docs/definitions.md).
     With the default comparison the counts come from a sort-based encoding of the labels (no
     query x gallery pairs); a custom ``label_comparison_fn`` is evaluated block by block.
 

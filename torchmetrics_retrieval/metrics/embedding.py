@@ -34,7 +34,7 @@ class EmbeddingMetrics(SampleAccumulator):
     ``update`` stores the embeddings, labels and optional per-sample fields of a batch; ``compute``
     gathers them across processes, drops the duplicates that ``DistributedSampler`` adds (when ``indexes``
     are given) and calls :func:`~torchmetrics_retrieval.functional.retrieval_metrics` once: one exact
-    kNN pass serves every requested metric. The definitions are those of DESIGN.md section 3 (ties
+    kNN pass serves every requested metric. The definitions are those of docs/definitions.md (ties
     ordered by position in the accumulated set, lone queries by ``empty_target_action``).
 
     Order of the accumulated set, which decides the tie order:

@@ -60,7 +60,7 @@ class FNMRAtFMR(SampleAccumulator):
     gathers them across processes, drops the duplicates that ``DistributedSampler`` adds (when ``indexes``
     are given) and calls :func:`~torchmetrics_retrieval.functional.verification.fnmr_at_fmr` once.
 
-    Pairs (DESIGN.md section 3): every ordered pair ``(q, g)`` of a query ``q`` and an item ``g`` of its
+    Pairs (see docs/definitions.md): every ordered pair ``(q, g)`` of a query ``q`` and an item ``g`` of its
     gallery ``G(q)`` (``q`` itself, its sequence and other search groups left out); positive when the labels
     match, negative otherwise. With :math:`T_f` the ``f``-quantile of the negative distances (numpy's
     linear interpolation),
