@@ -1,170 +1,50 @@
-"""Machinery shared by the metric classes that accumulate samples: validation, storage, DDP gather, de-duplication.
+"""Machinery shared by the metric classes that accumulate samples: storage, DDP gather, de-duplication, helpers.
 
 A metric that keeps every sample (``EmbeddingMetrics``, ``FNMRAtFMR``, ...) subclasses
 :class:`SampleAccumulator` and declares its per-sample fields as :class:`FieldSpec` entries. The base class
 
 * adds one list state per field (``dist_reduce_fx="cat"``, gathered by torchmetrics in rank order);
-* validates every batch on its own and against the batches stored before (:func:`validate_batch`): same
-  embedding dimension, same label shape and dtype, same optional fields present; nothing is stored when a
-  check fails, and a zero-row batch stores nothing;
+* validates every batch on its own and against the batches stored before (:func:`validate_batch`, in
+  ``_batch``): same embedding dimension, same label shape and dtype, same optional fields present; nothing
+  is stored when a check fails, and a zero-row batch stores nothing;
 * makes the gather safe when a rank holds no sample (:meth:`SampleAccumulator._sync_dist`): torchmetrics
   replaces an empty list state by a 1-D float tensor, which breaks the gather of 2-D or integer states,
   so every rank first learns the shape and dtype of each state from the others and builds a zero-row
   tensor of the right kind;
 * returns the gathered samples, de-duplicated by ``indexes`` when they were given (:func:`deduplicate`):
   one row per distinct index, ordered by index, so results do not depend on the number of processes.
+
+The helpers below it serve every metric class, including those that keep sums instead of samples
+(``PCF``): :func:`upcast_half`, :func:`cast_like_first`, :func:`non_empty_fractions`, :func:`on_gathered_states`.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities.distributed import gather_all_tensors
 
-from torchmetrics_retrieval.functional._checks import check_embeddings, check_labels, check_mask, describe
+from torchmetrics_retrieval.functional._checks import check_fractions
+from torchmetrics_retrieval.metrics._batch import DTYPES, FieldKind, FieldSpec, validate_batch
 
-__all__ = ["FieldKind", "FieldSpec", "SampleAccumulator", "deduplicate", "validate_batch"]
+__all__ = [
+    "FieldKind",
+    "FieldSpec",
+    "SampleAccumulator",
+    "cast_like_first",
+    "deduplicate",
+    "non_empty_fractions",
+    "on_gathered_states",
+    "upcast_half",
+    "validate_batch",
+]
 
-FieldKind = Literal["embeddings", "labels", "mask", "ids", "indexes"]
-
-#: dtypes a list state may hold, by code, for the shape exchange before a gather.
-_DTYPES: tuple[torch.dtype, ...] = (
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-    torch.bool,
-    torch.uint8,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    *(getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name)),
-)
-
-
-@dataclass(frozen=True)
-class FieldSpec:
-    """One per-sample field accumulated by a metric.
-
-    Attributes:
-        name: argument name in ``update`` and name of the list state.
-        kind: ``"embeddings"`` (2-D floating, finite, same number of columns in every batch), ``"labels"``
-            (1-D or 2-D, any real dtype, same trailing shape and dtype in every batch), ``"mask"`` (1-D bool),
-            ``"ids"`` (1-D integer or bool, same dtype in every batch), ``"indexes"`` (1-D integer dataset
-            indexes).
-        optional: whether the field may be None; a field given in one batch must then be given in all.
-    """
-
-    name: str
-    kind: FieldKind
-    optional: bool = False
-
-
-def _check_1d(name: str, value: Any, n_rows: int, rows_name: str, *, allow_bool: bool) -> Tensor:
-    """A 1-D tensor of integers (or bools when allowed) with ``n_rows`` rows."""
-    if not isinstance(value, Tensor):
-        raise TypeError(f"`{name}` must be a 1-D torch.Tensor, got {describe(value)}.")
-    if value.ndim != 1:
-        raise ValueError(f"`{name}` must be 1-D, got {describe(value)}.")
-    if value.is_floating_point() or value.is_complex() or (value.dtype == torch.bool and not allow_bool):
-        raise TypeError(f"`{name}` must have an integer dtype, got {describe(value)}.")
-    if value.shape[0] != n_rows:
-        raise ValueError(f"`{name}` must have {n_rows} rows like `{rows_name}`, got {describe(value)}.")
-    return value
-
-
-def _check_field(spec: FieldSpec, value: Any, n_rows: int, rows_name: str) -> Tensor:
-    """Checks of one field on its own (the rows name is the field that fixes the batch length)."""
-    if spec.kind == "embeddings":
-        checked = check_embeddings(spec.name, value, allow_empty=True)
-    elif spec.kind == "labels":
-        checked = check_labels(spec.name, value, n_rows, rows_name)
-    elif spec.kind == "mask":
-        checked = check_mask(spec.name, value, n_rows, rows_name)
-    else:
-        checked = _check_1d(spec.name, value, n_rows, rows_name, allow_bool=spec.kind == "ids")
-    if checked.dtype not in _DTYPES:
-        raise TypeError(f"`{spec.name}` must have a real or bool dtype, got {describe(value)}.")
-    return checked
-
-
-def _check_against(spec: FieldSpec, value: Tensor, previous: Tensor) -> None:
-    """Checks of one field against the first batch stored before."""
-    if spec.kind == "embeddings":
-        if value.shape[1] != previous.shape[1]:
-            raise ValueError(
-                f"`{spec.name}` must have {previous.shape[1]} columns like the previous batches, got {describe(value)}."
-            )
-        return
-    if value.shape[1:] != previous.shape[1:]:
-        raise ValueError(
-            f"`{spec.name}` must have the shape (N, {', '.join(map(str, previous.shape[1:]))}) of the previous "
-            f"batches, got {describe(value)}."
-            if previous.ndim > 1
-            else f"`{spec.name}` must be 1-D like in the previous batches, got {describe(value)}."
-        )
-    if value.dtype != previous.dtype:
-        raise TypeError(
-            f"`{spec.name}` must have dtype {previous.dtype} like the previous batches, got {describe(value)}."
-        )
-
-
-def validate_batch(
-    specs: Sequence[FieldSpec], batch: Mapping[str, Any], previous: Mapping[str, Tensor | None] | None
-) -> dict[str, Tensor | None]:
-    """Check one batch on its own and against the batches stored before; return it detached.
-
-    Args:
-        specs: the fields; the first one fixes the number of rows of the batch.
-        batch: field name -> value given to ``update`` (None for a missing optional field).
-        previous: field name -> a tensor of the first stored batch (None for a field that was not given),
-            or None when nothing is stored yet.
-
-    Returns:
-        field name -> detached tensor on the device of the first field (None for missing optional fields).
-
-    Raises:
-        TypeError, ValueError: naming the argument and the value; a field given now but not before (or the
-            reverse) is a ``ValueError``.
-
-    Example:
-        >>> specs = (FieldSpec("embeddings", "embeddings"), FieldSpec("labels", "labels"))
-        >>> first = validate_batch(specs, {"embeddings": torch.zeros(2, 3), "labels": torch.tensor([0, 1])}, None)
-        >>> validate_batch(specs, {"embeddings": torch.zeros(1, 4), "labels": torch.tensor([0])}, first)
-        Traceback (most recent call last):
-        ...
-        ValueError: `embeddings` must have 3 columns like the previous batches, got a tensor of shape (1, 4) ...
-    """
-    lead = specs[0]
-    first = _check_field(lead, batch[lead.name], 0, lead.name)
-    n_rows = first.shape[0]
-    checked: dict[str, Tensor | None] = {}
-    for spec in specs:
-        value = batch.get(spec.name)
-        if value is None:
-            if not spec.optional:
-                raise TypeError(f"`{spec.name}` must be a torch.Tensor, got None.")
-            if previous is not None and previous.get(spec.name) is not None:
-                raise ValueError(f"`{spec.name}` must be given in every batch (it was given before), got None.")
-            checked[spec.name] = None
-            continue
-        value = _check_field(spec, value, n_rows, lead.name)
-        if previous is not None:
-            before = previous.get(spec.name)
-            if before is None:
-                raise ValueError(
-                    f"`{spec.name}` must be None in every batch (it was not given before), got {describe(value)}."
-                )
-            _check_against(spec, value, before)
-        checked[spec.name] = value.detach().to(first.device)
-    return checked
+T = TypeVar("T")
 
 
 def deduplicate(fields: Mapping[str, Tensor | None], indexes: Tensor) -> tuple[dict[str, Tensor | None], Tensor]:
@@ -324,7 +204,7 @@ def _layout(local: Mapping[str, Tensor | None], specs: Sequence[FieldSpec], devi
             rows.append([0, -1, -1, -1])
         else:
             trailing = value.shape[1] if value.ndim == 2 else -1
-            rows.append([value.shape[0], value.ndim, trailing, _DTYPES.index(value.dtype)])
+            rows.append([value.shape[0], value.ndim, trailing, DTYPES.index(value.dtype)])
     return torch.tensor(rows, dtype=torch.long, device=device)
 
 
@@ -355,11 +235,58 @@ def _templates(layouts: Tensor, specs: Sequence[FieldSpec]) -> dict[str, tuple[A
             templates[spec.name] = None
             continue
         ndim, trailing, code = kinds[0].tolist()
-        templates[spec.name] = (_DTYPES[code], trailing) if ndim == 2 else (_DTYPES[code],)
+        templates[spec.name] = (DTYPES[code], trailing) if ndim == 2 else (DTYPES[code],)
     return templates
 
 
 def _describe_layout(row: list[int]) -> str:
     ndim, trailing, code = row
     shape = "(N, " + str(trailing) + ")" if ndim == 2 else "(N,)"
-    return f"{shape} {_DTYPES[code]}"
+    return f"{shape} {DTYPES[code]}"
+
+
+# ---- helpers of the metric classes --------------------------------------------------------------------------------
+
+
+def upcast_half(x: Tensor) -> Tensor:
+    """``x`` in float32 when it is stored in half precision (float16, bfloat16), else as it is.
+
+    Storage may be half precision to save memory, but the distances are computed in float32 at least.
+    """
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def cast_like_first(batch: dict[str, Tensor | None], name: str, stored: list[Tensor] | Tensor) -> None:
+    """Cast ``batch[name]`` to the dtype of the first stored batch of that field (no-op when nothing is stored)."""
+    value = batch[name]
+    if value is not None and len(stored):
+        batch[name] = value.to(stored[0].dtype)
+
+
+def non_empty_fractions(name: str, values: float | Iterable[float]) -> tuple[float, ...]:
+    """:func:`check_fractions`, and at least one value (a metric class without a value to report is a mistake).
+
+    Example:
+        >>> non_empty_fractions("fmr_vals", ())
+        Traceback (most recent call last):
+            ...
+        ValueError: `fmr_vals` must hold at least one number in [0, 1], got ().
+    """
+    fractions = check_fractions(name, values)
+    if not fractions:
+        raise ValueError(f"`{name}` must hold at least one number in [0, 1], got {values!r}.")
+    return fractions
+
+
+def on_gathered_states(metric: Metric, fn: Callable[[], T]) -> T:
+    """Call ``fn`` while the states of ``metric`` are gathered across processes (as ``compute`` does).
+
+    Outside DDP (or with ``sync_on_compute=False``) the states stay local. The local states are restored
+    afterwards, also when ``fn`` raises. Under DDP every process must call this (it is a collective).
+    """
+    metric.sync(dist_sync_fn=metric.dist_sync_fn, should_sync=metric._to_sync)
+    try:
+        return fn()
+    finally:
+        if metric._is_synced:
+            metric.unsync()

@@ -11,8 +11,7 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional._checks import check_positive_int, check_top_k, describe
 from torchmetrics_retrieval.functional.contrastive import contrastive_accuracy
-from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator
-from torchmetrics_retrieval.metrics.verification import cast_like_first
+from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator, cast_like_first
 
 __all__ = ["ContrastiveAccuracy"]
 

@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import fields as dataclass_fields
+from collections.abc import Callable
 from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._checks import check_positive_int, describe
-from torchmetrics_retrieval.functional.knn import Distance, KNNBackend
-from torchmetrics_retrieval.functional.ranking import PrecisionMode
-from torchmetrics_retrieval.functional.reduction import EmptyTargetAction
-from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
+from torchmetrics_retrieval.functional._options import option_fields
 from torchmetrics_retrieval.functional.retrieval import RetrievalOptions, RetrievalResult, retrieval_metrics
-from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator
+from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator, upcast_half
 
 __all__ = ["EmbeddingMetrics"]
 
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
+#: The keywords of ``__init__`` that are retrieval options; the others are torchmetrics' (``Metric.__init__``).
+_OPTION_NAMES = frozenset(option_fields())
 
 
 def _check_storage_dtype(value: Any) -> torch.dtype | None:
@@ -46,26 +43,18 @@ class EmbeddingMetrics(SampleAccumulator):
       duplicates may then make results depend on the number of processes.
 
     Args:
-        cmc_top_k, precision_top_k, map_top_k, recall_top_k, ndcg_top_k: cutoffs (int or tuple of ints >= 1).
-        map_at_r, r_precision, mrr, map_full, clustering: switch on MAP@R, R-precision, MRR (full ranking),
-            full average precision (key ``map``), NMI/AMI of a k-means clustering.
-        fmr_vals: FMR values f in [0, 1] for ``fnmr@fmr/{f}`` and ``tar@far/{f}``.
-        pcf_variance: explained-variance fractions r in [0, 1] for ``pcf/{r}`` (over every sample).
-        distance: ``"euclidean"``, ``"sqeuclidean"``, ``"cosine"`` or ``"dot"``.
-        normalize: L2-normalise the embeddings before anything else.
-        precision_mode: ``"min_k_n"`` (divide by min(k, n(q)), the default) or ``"standard"`` (by k).
-        empty_target_action: queries without a relevant item: ``"skip"``, ``"neg"``, ``"pos"``, ``"error"``.
-        avg_of_avgs: average per query label first, then over labels.
-        per_class: also report ``{key}/class/{label}``.
-        label_comparison_fn: custom relevance, called as ``fn(query_labels[:, None], gallery_labels[None])``
-            (must be picklable to pickle or clone the metric across processes).
-        knn_backend: ``"auto"``, ``"torch"`` or ``"faiss"``.
-        chunk_size: rows per distance block (None: from a memory budget).
         storage_dtype: dtype the embeddings are stored in (e.g. ``torch.float16`` halves the memory);
             ``compute`` upcasts half precision to float32. None: the dtype of the first batch.
         prefix: string put before every key of the result (e.g. ``"val/"``).
-        kwargs: torchmetrics' options (``compute_on_cpu``, ``sync_on_compute``, ``process_group``,
-            ``dist_sync_fn``, ...); any other keyword is an error.
+        kwargs: the retrieval options, the fields of
+            :class:`~torchmetrics_retrieval.functional.RetrievalOptions` (defaults and checks there):
+            cutoffs ``cmc_top_k``, ``precision_top_k``, ``map_top_k``, ``recall_top_k``, ``ndcg_top_k``;
+            switches ``map_at_r``, ``r_precision``, ``mrr``, ``map_full``, ``clustering``; fractions
+            ``fmr_vals``, ``pcf_variance``; ``distance``, ``normalize``, ``precision_mode``,
+            ``empty_target_action``, ``avg_of_avgs``, ``per_class``, ``label_comparison_fn`` (must be
+            picklable to pickle or clone the metric across processes), ``knn_backend``, ``chunk_size``.
+            Any other keyword goes to torchmetrics (``compute_on_cpu``, ``sync_on_compute``,
+            ``process_group``, ``dist_sync_fn``, ...), which refuses the ones it does not know.
 
     States are not saved in ``state_dict`` by default (they hold every embedding); call
     ``metric.persistent(True)`` to save them.
@@ -100,61 +89,12 @@ class EmbeddingMetrics(SampleAccumulator):
     embeddings: list[Tensor]
     labels: list[Tensor]
 
-    def __init__(
-        self,
-        *,
-        cmc_top_k: int | Iterable[int] = (1, 5),
-        precision_top_k: int | Iterable[int] = (5,),
-        map_top_k: int | Iterable[int] = (5,),
-        recall_top_k: int | Iterable[int] = (),
-        ndcg_top_k: int | Iterable[int] = (),
-        map_at_r: bool = False,
-        r_precision: bool = False,
-        mrr: bool = False,
-        map_full: bool = False,
-        clustering: bool = False,
-        fmr_vals: float | Iterable[float] = (),
-        pcf_variance: float | Iterable[float] = (),
-        distance: Distance = "euclidean",
-        normalize: bool = False,
-        precision_mode: PrecisionMode = "min_k_n",
-        empty_target_action: EmptyTargetAction = "skip",
-        avg_of_avgs: bool = False,
-        per_class: bool = False,
-        label_comparison_fn: LabelComparisonFn | None = None,
-        knn_backend: KNNBackend = "auto",
-        chunk_size: int | None = None,
-        storage_dtype: torch.dtype | None = None,
-        prefix: str = "",
-        **kwargs: Any,
-    ) -> None:
-        options = RetrievalOptions.create(
-            cmc_top_k=cmc_top_k,
-            precision_top_k=precision_top_k,
-            map_top_k=map_top_k,
-            recall_top_k=recall_top_k,
-            ndcg_top_k=ndcg_top_k,
-            map_at_r=map_at_r,
-            r_precision=r_precision,
-            mrr=mrr,
-            map_full=map_full,
-            clustering=clustering,
-            fmr_vals=fmr_vals,
-            pcf_variance=pcf_variance,
-            distance=distance,
-            normalize=normalize,
-            precision_mode=precision_mode,
-            empty_target_action=empty_target_action,
-            avg_of_avgs=avg_of_avgs,
-            per_class=per_class,
-            label_comparison_fn=label_comparison_fn,
-            knn_backend=knn_backend,
-            chunk_size=chunk_size,
-        )
+    def __init__(self, *, prefix: str = "", storage_dtype: torch.dtype | None = None, **kwargs: Any) -> None:
+        options = RetrievalOptions.create(**{name: kwargs.pop(name) for name in _OPTION_NAMES & kwargs.keys()})
         if not isinstance(prefix, str):
             raise TypeError(f"`prefix` must be a str, got {describe(prefix)}.")
         storage = _check_storage_dtype(storage_dtype)
-        super().__init__(**kwargs)
+        super().__init__(**kwargs)  # torchmetrics' own options; it refuses any other keyword
         self.options = options
         self.storage_dtype = storage
         self.prefix = prefix
@@ -210,12 +150,11 @@ class EmbeddingMetrics(SampleAccumulator):
         return batch
 
     def _compute_samples(self, fields: dict[str, Tensor | None], indexes: Tensor | None) -> dict[str, Tensor]:
-        embeddings = cast(Tensor, fields.pop("embeddings"))  # never None: _collect raises first
+        embeddings = upcast_half(cast(Tensor, fields.pop("embeddings")))  # never None: _collect raises first
         labels = cast(Tensor, fields.pop("labels"))
-        if embeddings.dtype in _LOW_PRECISION:
-            embeddings = embeddings.float()
-        options = {f.name: getattr(self.options, f.name) for f in dataclass_fields(self.options)}
-        metrics, result = retrieval_metrics(embeddings, labels, return_per_query=True, **fields, **options)
+        metrics, result = retrieval_metrics(
+            embeddings, labels, return_per_query=True, **fields, **self.options.as_dict()
+        )
         self._per_query = result
         self._sample_indexes = indexes
         return {f"{self.prefix}{key}": value for key, value in metrics.items()}

@@ -11,8 +11,14 @@ from torch import Tensor
 from torchmetrics.utilities.distributed import gather_all_tensors
 
 from torchmetrics_retrieval.functional.topology import _sorted_eigenvalues, covariance_sums, pcf_from_sums
-from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator, validate_batch
-from torchmetrics_retrieval.metrics.verification import cast_like_first, non_empty_fractions, on_gathered_states
+from torchmetrics_retrieval.metrics._state import (
+    FieldSpec,
+    SampleAccumulator,
+    cast_like_first,
+    non_empty_fractions,
+    on_gathered_states,
+    validate_batch,
+)
 
 __all__ = ["PCF"]
 

@@ -2,55 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any, TypeVar, cast
+from collections.abc import Iterable
+from typing import Any, cast
 
-import torch
 from torch import Tensor
-from torchmetrics import Metric
 
 from torchmetrics_retrieval.functional._checks import check_choice, check_fractions, check_positive_int, describe
-from torchmetrics_retrieval.functional.knn import DISTANCES, Distance
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
+from torchmetrics_retrieval.functional.search import DISTANCES, Distance
 from torchmetrics_retrieval.functional.verification import DEFAULT_FMR_GRID, det_curve, fnmr_at_fmr
-from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator
+from torchmetrics_retrieval.metrics._state import (
+    FieldSpec,
+    SampleAccumulator,
+    cast_like_first,
+    non_empty_fractions,
+    on_gathered_states,
+    upcast_half,
+)
 
 __all__ = ["FNMRAtFMR"]
-
-T = TypeVar("T")
-
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
-#: Optional per-sample fields handed to the functional core as they are.
-_PAIR_FIELDS = ("is_query", "is_gallery", "sequence_ids", "search_groups")
-
-
-def non_empty_fractions(name: str, values: float | Iterable[float]) -> tuple[float, ...]:
-    """:func:`check_fractions`, and at least one value (a metric class without a value to report is a mistake)."""
-    fractions = check_fractions(name, values)
-    if not fractions:
-        raise ValueError(f"`{name}` must hold at least one number in [0, 1], got {values!r}.")
-    return fractions
-
-
-def cast_like_first(batch: dict[str, Tensor | None], name: str, stored: list[Tensor] | Tensor) -> None:
-    """Cast ``batch[name]`` to the dtype of the first stored batch of that field (no-op when nothing is stored)."""
-    value = batch[name]
-    if value is not None and len(stored):
-        batch[name] = value.to(stored[0].dtype)
-
-
-def on_gathered_states(metric: Metric, fn: Callable[[], T]) -> T:
-    """Call ``fn`` while the states of ``metric`` are gathered across processes (as ``compute`` does).
-
-    Outside DDP (or with ``sync_on_compute=False``) the states stay local. The local states are restored
-    afterwards, also when ``fn`` raises. Under DDP every process must call this (it is a collective).
-    """
-    metric.sync(dist_sync_fn=metric.dist_sync_fn, should_sync=metric._to_sync)
-    try:
-        return fn()
-    finally:
-        if metric._is_synced:
-            metric.unsync()
 
 
 class FNMRAtFMR(SampleAccumulator):
@@ -85,6 +55,7 @@ class FNMRAtFMR(SampleAccumulator):
     hold every embedding and are not saved in ``state_dict`` unless ``metric.persistent(True)``.
 
     Example:
+        >>> import torch
         >>> metric = FNMRAtFMR(fmr_vals=(0.1, 0.5))
         >>> metric.update(torch.tensor([[0.0], [1.0]]), torch.tensor([0, 0]))
         >>> metric.update(torch.tensor([[3.0], [7.0]]), torch.tensor([1, 1]))
@@ -176,9 +147,7 @@ class FNMRAtFMR(SampleAccumulator):
 
     def _pair_inputs(self, fields: dict[str, Tensor | None]) -> tuple[Tensor, Tensor, dict[str, Any]]:
         """Embeddings (half precision upcast), labels and the keyword arguments of the functional calls."""
-        embeddings = cast(Tensor, fields["embeddings"])  # never None: _collect raises first
-        if embeddings.dtype in _LOW_PRECISION:
-            embeddings = embeddings.float()
+        embeddings = upcast_half(cast(Tensor, fields["embeddings"]))  # never None: _collect raises first
         options: dict[str, Any] = {
             name: fields[name] for name in ("is_query", "is_gallery", "sequence_ids", "search_groups")
         }
@@ -234,6 +203,7 @@ class FNMRAtFMR(SampleAccumulator):
 
         Example:
             >>> import matplotlib; matplotlib.use("Agg")
+            >>> import torch
             >>> metric = FNMRAtFMR(fmr_vals=(0.1, 0.5))
             >>> metric.update(torch.tensor([[0.0], [1.0], [3.0], [7.0]]), torch.tensor([0, 0, 1, 1]))
             >>> fig, ax = metric.plot_curve()
