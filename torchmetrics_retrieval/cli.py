@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from torchmetrics_retrieval.functional._options import RetrievalOptions, option_fields
 from torchmetrics_retrieval.functional.retrieval import retrieval_metrics
 
 __all__ = ["main"]
@@ -41,22 +42,67 @@ def _load_array(path: str, name: str) -> Tensor:
     raise SystemExit(f"error: {name} file must end in .npy, .npz or .pt, got {path}")
 
 
-def _metric_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "cmc_top_k": tuple(args.cmc),
-        "precision_top_k": tuple(args.precision),
-        "map_top_k": tuple(args.map),
-        "map_at_r": True,
-        "r_precision": True,
-        "mrr": True,
-        "map_full": args.map_full,
-        "fmr_vals": tuple(args.fmr),
-        "pcf_variance": tuple(args.pcf),
-        "clustering": args.clustering,
-        "distance": args.distance,
-        "normalize": args.normalize,
-        "knn_backend": args.backend,
-    }
+#: Short names kept from the first command line, beside the ``--field-name`` flag every option has.
+_SHORT_FLAGS = {
+    "cmc_top_k": "--cmc",
+    "precision_top_k": "--precision",
+    "map_top_k": "--map",
+    "fmr_vals": "--fmr",
+    "pcf_variance": "--pcf",
+    "knn_backend": "--backend",
+}
+#: Where the command line's defaults differ from the library's: a printed table shows more metrics.
+_CLI_DEFAULTS: dict[str, Any] = {
+    "map_at_r": True,
+    "r_precision": True,
+    "mrr": True,
+    "fmr_vals": (0.1,),
+    "pcf_variance": (0.5,),
+}
+#: The demo's data is small: it shows every metric.
+_DEMO_DEFAULTS = {**_CLI_DEFAULTS, "map_full": True, "clustering": True}
+
+
+def _shown(default: Any) -> str:
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    if isinstance(default, tuple):
+        return " ".join(map(str, default)) or "none"
+    return str(default)
+
+
+def _add_option_flags(parser: argparse.ArgumentParser, defaults: dict[str, Any]) -> None:
+    """One flag per :class:`RetrievalOptions` field, typed by its kind (a function cannot be given as text).
+
+    ``defaults`` overrides the library's defaults. A switch ``--x`` also has ``--no-x`` (hidden from the help,
+    spelled out here rather than with ``argparse.BooleanOptionalAction``, whose help differs between Pythons).
+    """
+    group = parser.add_argument_group("retrieval options (RetrievalOptions; every switch --x has --no-x)")
+    for name, spec in option_fields().items():
+        kind = spec.metadata["kind"]
+        flag = f"--{name.replace('_', '-')}"
+        flags = [flag, *([_SHORT_FLAGS[name]] if name in _SHORT_FLAGS else [])]
+        default = defaults.get(name, spec.default)
+        common = {"dest": name, "default": default, "help": f"{spec.metadata['help']} (default: {_shown(default)})"}
+        if kind.name == "cutoffs":
+            group.add_argument(*flags, type=int, nargs="*", metavar="K", **common)
+        elif kind.name == "fractions":
+            group.add_argument(*flags, type=float, nargs="*", metavar="F", **common)
+        elif kind.name == "bool":
+            group.add_argument(*flags, action="store_true", **common)
+            group.add_argument(f"--no-{flag[2:]}", dest=name, action="store_false", help=argparse.SUPPRESS)
+        elif kind.name == "choice":
+            group.add_argument(*flags, choices=kind.choices, **common)
+        elif kind.name == "positive_int_or_none":
+            group.add_argument(*flags, type=int, metavar="N", **common)
+
+
+def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> RetrievalOptions:
+    """The options given on the command line, checked (a bad value is a usage error naming the flag's option)."""
+    try:
+        return RetrievalOptions.create(**{name: getattr(args, name) for name in option_fields() if hasattr(args, name)})
+    except (TypeError, ValueError) as error:
+        parser.error(str(error))
 
 
 def _print_table(title: str, metrics: dict[str, Tensor], seconds: float, out: Any) -> None:
@@ -71,7 +117,7 @@ def _print_table(title: str, metrics: dict[str, Tensor], seconds: float, out: An
 
 def _run(title: str, embeddings: Tensor, labels: Tensor, args: argparse.Namespace, **sets: Any) -> int:
     start = time.perf_counter()
-    metrics = retrieval_metrics(embeddings.float(), labels, **sets, **_metric_options(args))
+    metrics = retrieval_metrics(embeddings.float(), labels, **sets, **args.options.as_dict())
     seconds = time.perf_counter() - start
     if args.json:
         print(json.dumps({key: float(value) for key, value in metrics.items()}, indent=2))
@@ -123,26 +169,19 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("labels", help="(N,) or (N, L) labels")
     evaluate.add_argument("--gallery", help="(G, D) gallery embeddings (default: leave-one-out on the embeddings)")
     evaluate.add_argument("--gallery-labels", help="(G,) or (G, L) gallery labels")
-    for sub in (demo, evaluate):
-        sub.add_argument("--cmc", type=int, nargs="*", default=[1, 5], help="cutoffs of cmc@k")
-        sub.add_argument("--precision", type=int, nargs="*", default=[5], help="cutoffs of precision@k")
-        sub.add_argument("--map", type=int, nargs="*", default=[5], help="cutoffs of map@k")
-        sub.add_argument("--map-full", action="store_true", help="also the full-ranking mean average precision")
-        sub.add_argument("--fmr", type=float, nargs="*", default=[0.1], help="FMR values for fnmr@fmr")
-        sub.add_argument("--pcf", type=float, nargs="*", default=[0.5], help="explained-variance fractions for pcf")
-        sub.add_argument("--clustering", action="store_true", help="also k-means NMI and AMI")
-        sub.add_argument("--distance", default="euclidean", choices=("euclidean", "sqeuclidean", "cosine", "dot"))
-        sub.add_argument("--normalize", action="store_true", help="L2-normalise the embeddings first")
-        sub.add_argument("--backend", default="auto", choices=("auto", "torch", "faiss"), help="kNN backend")
+    for sub, defaults in ((demo, _DEMO_DEFAULTS), (evaluate, _CLI_DEFAULTS)):
+        _add_option_flags(sub, defaults)
         sub.add_argument("--json", action="store_true", help="print the metrics as JSON")
-    demo.set_defaults(handler=_demo, map_full=True, clustering=True)
+    demo.set_defaults(handler=_demo)
     evaluate.set_defaults(handler=_evaluate)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``torchmetrics-retrieval`` command."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    args.options = _options(args, parser)
     return int(args.handler(args))
 
 

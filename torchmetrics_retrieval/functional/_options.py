@@ -130,7 +130,7 @@ class RetrievalOptions:
     )
     knn_backend: KNNBackend = field(default="auto", metadata=_spec(KNN_BACKEND, "kNN backend"))
     chunk_size: int | None = field(
-        default=None, metadata=_spec(POSITIVE_INT_OR_NONE, "rows per distance block (default: by memory)")
+        default=None, metadata=_spec(POSITIVE_INT_OR_NONE, "rows per distance block (None: from a memory budget)")
     )
 
     @classmethod
