@@ -14,6 +14,7 @@ import torch
 
 from torchmetrics_retrieval.compat import pml
 from torchmetrics_retrieval.compat.pml import AccuracyCalculator
+from torchmetrics_retrieval.compat.pml._inputs import locate_rows
 
 pml_calc = pytest.importorskip("pytorch_metric_learning.utils.accuracy_calculator")
 pml_inference = pytest.importorskip("pytorch_metric_learning.utils.inference")
@@ -473,7 +474,7 @@ def test_locate_rows_matches_repeats_in_order() -> None:
     reference = torch.tensor([[1.0], [0.0], [2.0], [0.0], [0.0]])
     reference_labels = torch.tensor([5, 6, 5, 6, 7])
     query, query_labels = torch.tensor([[0.0], [0.0], [2.0], [0.0]]), torch.tensor([6, 6, 5, 7])
-    assert pml._locate_rows(query, query_labels, reference, reference_labels).tolist() == [1, 3, 2, 4]
+    assert locate_rows(query, query_labels, reference, reference_labels).tolist() == [1, 3, 2, 4]
 
 
 def test_duplicates_are_real_neighbours() -> None:
