@@ -1,7 +1,7 @@
 """retrieval_metrics end to end: hand-computed cases, the slow reference, pytorch-metric-learning, errors."""
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -334,12 +334,12 @@ GOOD = (torch.zeros(3, 2), torch.tensor([0, 0, 1]))
 @pytest.mark.parametrize(
     ("args", "kwargs", "error", "match"),
     [
-        ((torch.zeros(3), *GOOD[1:]), {}, ValueError, "embeddings"),
-        ((torch.zeros(3, 2, dtype=torch.long), GOOD[1]), {}, TypeError, "embeddings"),
+        ((torch.zeros(3), *GOOD[1:]), {}, ValueError, "`query` must be 2-D"),
+        ((torch.zeros(3, 2, dtype=torch.long), GOOD[1]), {}, TypeError, "`query`"),
         ((torch.tensor([[0.0, float("nan")]] * 3), GOOD[1]), {}, ValueError, "finite"),
         ((torch.zeros(0, 2), torch.zeros(0)), {}, ValueError, "at least one row"),
-        ((GOOD[0], torch.tensor([0, 1])), {}, ValueError, "3 rows"),
-        ((GOOD[0], np.array([0, 0, 1])), {}, TypeError, "labels"),
+        ((GOOD[0], torch.tensor([0, 1])), {}, ValueError, "`query_labels` must have 3 rows"),
+        ((GOOD[0], np.array([0, 0, 1])), {}, TypeError, "`query_labels`"),
         (GOOD, {"cmc_top_k": (0,)}, ValueError, "cmc_top_k"),
         (GOOD, {"precision_top_k": 2.5}, TypeError, "precision_top_k"),
         (GOOD, {"fmr_vals": (1.5,)}, ValueError, "fmr_vals"),
@@ -375,43 +375,45 @@ def test_bad_input_names_the_argument(args, kwargs, error, match) -> None:  # ty
 
 @pytest.mark.parametrize("masks", [False, True])
 def test_query_chunks_keep_only_per_query_values(monkeypatch: pytest.MonkeyPatch, masks: bool) -> None:
-    import torchmetrics_retrieval.functional.retrieval as retrieval_module
+    from torchmetrics_retrieval.functional import _per_query
 
     g = torch.Generator().manual_seed(5)
     x, y = torch.randn(90, 6, generator=g), torch.randint(0, 6, (90,), generator=g)
     seq = torch.randint(0, 30, (90,), generator=g)
     extra = {"is_query": torch.arange(90) % 3 != 0, "is_gallery": torch.arange(90) % 4 != 1} if masks else {}
     whole, _ = retrieval_metrics(x, y, sequence_ids=seq, return_per_query=True, **extra, **ALL_RANKING)
-    monkeypatch.setattr(retrieval_module, "NEIGHBOUR_TABLE_BYTES", 2000)  # a few queries per chunk
-    monkeypatch.setattr(retrieval_module, "symmetric_search_fits", lambda n, k: False)
+    monkeypatch.setattr(_per_query, "NEIGHBOUR_TABLE_BYTES", 2000)  # a few queries per chunk
+    monkeypatch.setattr(_per_query, "symmetric_search_fits", lambda n, k: False)
     chunks = []
-    search = retrieval_module._search
+    search = _per_query._search
 
-    def counting(*args: Any, **kwargs: Any) -> Iterator[tuple[torch.Tensor, Any]]:
-        for rows, found in search(*args, **kwargs):
-            chunks.append(rows.numel())
-            yield rows, found
+    def counting(*args: Any, **kwargs: Any) -> Callable[[torch.Tensor], Any]:
+        prepared = search(*args, **kwargs)
+        return lambda rows: chunks.append(rows.numel()) or prepared(rows)
 
-    monkeypatch.setattr(retrieval_module, "_search", counting)
+    monkeypatch.setattr(_per_query, "_search", counting)
     chunked = retrieval_metrics(x, y, sequence_ids=seq, **extra, **ALL_RANKING)
     assert len(chunks) > 5
     assert {k: v.item() for k, v in chunked.items()} == pytest.approx({k: v.item() for k, v in whole.items()})
 
 
 def test_leave_one_out_takes_one_symmetric_pass_when_its_buffer_fits(monkeypatch: pytest.MonkeyPatch) -> None:
-    import torchmetrics_retrieval.functional.retrieval as retrieval_module
+    from torchmetrics_retrieval.functional import _per_query
 
     g = torch.Generator().manual_seed(6)
     x, y = torch.randn(90, 6, generator=g), torch.randint(0, 6, (90,), generator=g)
     whole, _ = retrieval_metrics(x, y, return_per_query=True, **ALL_RANKING)
-    monkeypatch.setattr(retrieval_module, "NEIGHBOUR_TABLE_BYTES", 2000)  # the table alone would be chunked
-    searches: list[bool] = []
-    search = retrieval_module._search
-    monkeypatch.setattr(
-        retrieval_module, "_search", lambda *a, **kw: searches.append(kw["symmetric"]) or search(*a, **kw)
-    )
+    monkeypatch.setattr(_per_query, "NEIGHBOUR_TABLE_BYTES", 2000)  # the table alone would be chunked
+    searches: list[tuple[bool, int]] = []
+    search = _per_query._search
+
+    def recording(*args: Any, **kwargs: Any) -> Callable[[torch.Tensor], Any]:
+        prepared = search(*args, **kwargs)
+        return lambda rows: searches.append((prepared.problem.symmetric, rows.numel())) or prepared(rows)
+
+    monkeypatch.setattr(_per_query, "_search", recording)
     once = retrieval_metrics(x, y, **ALL_RANKING)
-    assert searches == [True]
+    assert searches == [(True, 90)]  # one symmetric search of every query
     assert {k: v.item() for k, v in once.items()} == pytest.approx({k: v.item() for k, v in whole.items()})
 
 
@@ -420,7 +422,7 @@ def test_metrics_only_path_skips_uniform_ties_and_keeps_every_value(monkeypatch:
     # custom comparison, compiled kernels forced on: the metrics-only search orders only the runs of near
     # ties that mix relevant and irrelevant items (through retrieval's relevance function, which must see
     # each query's own labels), and every per-query value equals the exact search's.
-    import torchmetrics_retrieval.functional.retrieval as retrieval_module
+    from torchmetrics_retrieval.functional import _per_query
     from torchmetrics_retrieval.functional._search import certify, plan
 
     monkeypatch.setattr(plan, "_forced", True)
@@ -436,7 +438,7 @@ def test_metrics_only_path_skips_uniform_ties_and_keeps_every_value(monkeypatch:
     split = {"is_query": torch.arange(530) < 50, "is_gallery": torch.arange(530) >= 50}
     options = RetrievalOptions.create(label_comparison_fn=lambda a, b: (a == b).all(dim=-1), **ALL_RANKING)
     exact = retrieval_per_query(x, labels, options=options, **split)
-    monkeypatch.setattr(retrieval_module, "NEIGHBOUR_TABLE_BYTES", 40000)  # query chunks
+    monkeypatch.setattr(_per_query, "NEIGHBOUR_TABLE_BYTES", 40000)  # query chunks
     calls = []
     mixed_runs = certify.mixed_runs
     monkeypatch.setattr(certify, "mixed_runs", lambda *a: calls.append(1) or mixed_runs(*a))

@@ -19,8 +19,10 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from torchmetrics_retrieval.functional._search.blocks import iter_blocks
+from torchmetrics_retrieval.functional._search.keys import order_key
+from torchmetrics_retrieval.functional._sets import QueryGallery
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn, label_match
-from torchmetrics_retrieval.functional.search import Distance, distance_blocks
 
 __all__ = ["relevant_ranks"]
 
@@ -28,50 +30,24 @@ _PAD = torch.iinfo(torch.int64).max
 _BUDGET_ENTRIES = 1 << 24  # rows x max n(q) held at once
 
 
-def _sort_keys(distances: Tensor, gallery_positions: Tensor) -> Tensor:
-    """Order-preserving int64 keys of (distance, gallery position) pairs (distances read as float32)."""
-    bits = distances.to(torch.float32).contiguous().view(torch.int32).to(torch.int64)
-    ordered = torch.where(bits < 0, -(bits & 0x7FFFFFFF), bits)  # monotone in the float value
-    return ordered * (1 << 32) + gallery_positions
-
-
 def _ranks_of_chunk(
-    query: Tensor,
-    query_labels: Tensor,
-    gallery: Tensor,
-    gallery_labels: Tensor,
-    n_max: int,
-    *,
-    distance: Distance,
-    self_index: Tensor,
-    sequence_ids: tuple[Tensor, Tensor] | None,
-    search_groups: tuple[Tensor, Tensor] | None,
-    label_comparison_fn: LabelComparisonFn | None,
-    chunk_size: int | None,
+    qg: QueryGallery, n_max: int, distance: str, label_comparison_fn: LabelComparisonFn | None, chunk_size: int | None
 ) -> Tensor:
-    n_rows = query.shape[0]
-    device = query.device
+    n_rows = qg.query.shape[0]
+    device = qg.query.device
     keys = torch.full((n_rows, n_max + 1), _PAD, dtype=torch.int64, device=device)
     filled = torch.zeros(n_rows, dtype=torch.long, device=device)
 
     def blocks() -> Iterator[tuple[slice, Tensor, Tensor, Tensor]]:
         """(query rows, sort keys, relevant and eligible, non-relevant and eligible) of every block."""
-        tiles = distance_blocks(
-            query,
-            gallery,
-            distance=distance,
-            self_index=self_index,
-            sequence_ids=sequence_ids,
-            search_groups=search_groups,
-            chunk_size=chunk_size,
-            exact=True,  # the distances knn reports, so ties are ordered as in the retrieved lists
-        )
+        # exact: the distances knn reports, so ties are ordered as in the retrieved lists
+        tiles = iter_blocks(qg.query, qg.gallery, distance, qg.exclusions(), chunk_size, exact=True)
         for block in tiles:
             qs, gs = block.query_slice, block.gallery_slice
-            relevant = label_match(query_labels[qs], gallery_labels[gs], label_comparison_fn)
+            relevant = label_match(qg.query_labels[qs], qg.gallery_labels[gs], label_comparison_fn)
             eligible = block.eligible if block.eligible is not None else torch.ones_like(relevant)
             positions = torch.arange(gs.start, gs.stop, device=device)
-            yield qs, _sort_keys(block.distances, positions[None, :]), relevant & eligible, ~relevant & eligible
+            yield qs, order_key(block.distances, positions[None, :]), relevant & eligible, ~relevant & eligible
 
     # Pass 1: the relevant items' keys, appended row by row.
     for qs, block_keys, positive, _ in blocks():
@@ -92,21 +68,15 @@ def _ranks_of_chunk(
 
 
 def relevant_ranks(
-    query: Tensor,
-    query_labels: Tensor,
-    gallery: Tensor,
-    gallery_labels: Tensor,
+    qg: QueryGallery,
     n_relevant: Tensor,
     *,
-    distance: Distance = "euclidean",
-    self_index: Tensor | None = None,
-    sequence_ids: tuple[Tensor, Tensor] | None = None,
-    search_groups: tuple[Tensor, Tensor] | None = None,
+    distance: str,
     label_comparison_fn: LabelComparisonFn | None = None,
     max_relevant: int | None = None,
     chunk_size: int | None = None,
 ) -> Tensor:
-    """1-based ranks of the first ``max_relevant`` relevant items of every query in its full ranking.
+    """1-based ranks of the first ``max_relevant`` relevant items of every query of ``qg`` in its full ranking.
 
     Ties in distance are ordered by gallery position, as everywhere in the package.
 
@@ -114,31 +84,14 @@ def relevant_ranks(
         ``(Q, m)`` int64 ranks in increasing order, 0 past the query's n(q) relevant items, where
         ``m = min(max_relevant, max n(q))``.
     """
-    n_query = query.shape[0]
-    device = query.device
-    if self_index is None:
-        self_index = torch.full((n_query,), -1, dtype=torch.long, device=device)
+    n_query = qg.query.shape[0]
     n_max = int(n_relevant.max()) if n_query else 0
     if n_max == 0:
-        return torch.zeros(n_query, 0, dtype=torch.long, device=device)
+        return torch.zeros(n_query, 0, dtype=torch.long, device=qg.query.device)
     kept = n_max if max_relevant is None else min(max_relevant, n_max)
     rows = max(1, _BUDGET_ENTRIES // (n_max + 1))
-    chunks = []
-    for q0 in range(0, n_query, rows):
-        q1 = min(q0 + rows, n_query)
-        part = slice(q0, q1)
-        chunk = _ranks_of_chunk(
-            query[part],
-            query_labels[part],
-            gallery,
-            gallery_labels,
-            n_max,
-            distance=distance,
-            self_index=self_index[part],
-            sequence_ids=None if sequence_ids is None else (sequence_ids[0][part], sequence_ids[1]),
-            search_groups=None if search_groups is None else (search_groups[0][part], search_groups[1]),
-            label_comparison_fn=label_comparison_fn,
-            chunk_size=chunk_size,
-        )
-        chunks.append(chunk[:, :kept])
+    chunks = [
+        _ranks_of_chunk(qg.take(part), n_max, distance, label_comparison_fn, chunk_size)[:, :kept]
+        for part in torch.arange(n_query, device=qg.query.device).split(rows)
+    ]
     return torch.cat(chunks)

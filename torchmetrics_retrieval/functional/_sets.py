@@ -26,6 +26,7 @@ from torchmetrics_retrieval.functional._checks import (
     check_same_length,
     describe,
 )
+from torchmetrics_retrieval.functional._search.types import Exclusions
 
 __all__ = ["PairedIds", "QueryGallery", "split_query_gallery"]
 
@@ -46,6 +47,8 @@ class QueryGallery(NamedTuple):
         sequence_ids: ``(query_side, gallery_side)`` or None.
         search_groups: ``(query_side, gallery_side)`` or None.
         query_categories: ``(Q,)`` categories of the queries or None.
+        same_set: one set searched against itself (every sample a query and a gallery item, in order):
+            ``query`` and ``gallery`` hold the same rows, and a search may take its symmetric path.
     """
 
     query: Tensor
@@ -58,13 +61,34 @@ class QueryGallery(NamedTuple):
     sequence_ids: tuple[Tensor, Tensor] | None
     search_groups: tuple[Tensor, Tensor] | None
     query_categories: Tensor | None
+    same_set: bool
+
+    def exclusions(self) -> Exclusions:
+        """The exclusion rules of the search (no self rule when no query is in the gallery)."""
+        own = self.self_index if bool((self.self_index >= 0).any()) else None
+        return Exclusions(own, self.sequence_ids, self.search_groups)
+
+    def take(self, rows: Tensor) -> QueryGallery:
+        """The problem restricted to the queries ``rows`` (the gallery is unchanged; no longer ``same_set``)."""
+        return self._replace(
+            query=self.query[rows],
+            query_labels=self.query_labels[rows],
+            self_index=self.self_index[rows],
+            query_positions=self.query_positions[rows],
+            sequence_ids=None if self.sequence_ids is None else (self.sequence_ids[0][rows], self.sequence_ids[1]),
+            search_groups=None if self.search_groups is None else (self.search_groups[0][rows], self.search_groups[1]),
+            query_categories=None if self.query_categories is None else self.query_categories[rows],
+            same_set=False,
+        )
 
 
-def _check_ids(name: str, value: Tensor, n_rows: int, rows_name: str) -> Tensor:
+def _check_ids(name: str, value: Tensor, n_rows: int, rows_name: str, integer: bool = True) -> Tensor:
     if not isinstance(value, Tensor):
         raise TypeError(f"`{name}` must be a 1-D torch.Tensor, got {describe(value)}.")
     if value.ndim != 1:
         raise ValueError(f"`{name}` must be 1-D, got {describe(value)}.")
+    if integer and (value.is_floating_point() or value.is_complex()):
+        raise TypeError(f"`{name}` must have an integer or bool dtype, got {describe(value)}.")
     check_same_length(name, value, n_rows, rows_name)
     return value
 
@@ -76,11 +100,14 @@ def _split_ids(
         return None
     if isinstance(value, tuple):
         raise TypeError(f"`{name}` must be one tensor for the whole set when `gallery` is None, got a tuple.")
-    _check_ids(name, value, n, "embeddings")
+    _check_ids(name, value, n, "query")
+    value = value.to(query_rows.device)
     return value[query_rows], value[gallery_rows]
 
 
-def _paired_ids(name: str, value: PairedIds | None, n_query: int, n_gallery: int) -> tuple[Tensor, Tensor] | None:
+def _paired_ids(
+    name: str, value: PairedIds | None, n_query: int, n_gallery: int, device: torch.device
+) -> tuple[Tensor, Tensor] | None:
     if value is None:
         return None
     if not (isinstance(value, tuple) and len(value) == 2):
@@ -90,7 +117,7 @@ def _paired_ids(name: str, value: PairedIds | None, n_query: int, n_gallery: int
         )
     query_side = _check_ids(f"{name}[0]", value[0], n_query, "query")
     gallery_side = _check_ids(f"{name}[1]", value[1], n_gallery, "gallery")
-    return query_side, gallery_side
+    return query_side.to(device), gallery_side.to(device)
 
 
 def split_query_gallery(
@@ -105,7 +132,7 @@ def split_query_gallery(
     search_groups: PairedIds | None = None,
     categories: Tensor | None = None,
 ) -> QueryGallery:
-    """Validate the inputs and return the canonical :class:`QueryGallery`.
+    """Validate the inputs (named as ``retrieval_metrics`` names them) and return the :class:`QueryGallery`.
 
     Raises:
         TypeError, ValueError: naming the argument and the value, for any malformed input, an
@@ -117,49 +144,72 @@ def split_query_gallery(
         >>> qg.query.shape, qg.gallery.shape, qg.self_index.tolist()
         (torch.Size([2, 1]), torch.Size([3, 1]), [0, 2])
     """
-    check_embeddings("query" if gallery is not None else "embeddings", query)
-    n = query.shape[0]
+    check_embeddings("query", query)
+    check_labels("query_labels", query_labels, query.shape[0], "query")
+    if categories is not None:
+        _check_ids("categories", categories, query.shape[0], "query", integer=False)
     if gallery is None:
         if gallery_labels is not None:
             raise ValueError("`gallery_labels` must be None when `gallery` is None, got a tensor.")
-        check_labels("query_labels" if is_query is None else "labels", query_labels, n, "embeddings")
-        query_rows = torch.ones(n, dtype=torch.bool, device=query.device)
-        gallery_rows = torch.ones(n, dtype=torch.bool, device=query.device)
-        if is_query is not None:
-            query_rows = check_mask("is_query", is_query, n, "embeddings").to(query.device)
-        if is_gallery is not None:
-            gallery_rows = check_mask("is_gallery", is_gallery, n, "embeddings").to(query.device)
-        query_positions = torch.nonzero(query_rows).flatten()
-        gallery_positions = torch.nonzero(gallery_rows).flatten()
-        if query_positions.numel() == 0:
-            raise ValueError("`is_query` must select at least one sample, got none.")
-        if gallery_positions.numel() == 0:
-            raise ValueError("`is_gallery` must select at least one sample, got none.")
-        position_in_gallery = torch.full((n,), -1, dtype=torch.long, device=query.device)
-        position_in_gallery[gallery_positions] = torch.arange(gallery_positions.numel(), device=query.device)
-        self_index = position_in_gallery[query_positions]
-        seq = _split_ids("sequence_ids", sequence_ids, query_positions, gallery_positions, n)
-        groups = _split_ids("search_groups", search_groups, query_positions, gallery_positions, n)
-        query_categories = None
-        if categories is not None:
-            query_categories = _check_ids("categories", categories, n, "embeddings")[query_positions]
-        return QueryGallery(
-            query=query[query_positions],
-            query_labels=query_labels[query_positions],
-            gallery=query[gallery_positions],
-            gallery_labels=query_labels[gallery_positions],
-            self_index=self_index,
-            query_positions=query_positions,
-            gallery_positions=gallery_positions,
-            sequence_ids=seq,
-            search_groups=groups,
-            query_categories=query_categories,
-        )
-
+        return _split_one_set(query, query_labels, is_query, is_gallery, sequence_ids, search_groups, categories)
     if is_query is not None or is_gallery is not None:
         raise ValueError("`is_query` and `is_gallery` must be None when `gallery` is given (the sets are separate).")
-    check_labels("query_labels", query_labels, n, "query")
-    check_embeddings("gallery", gallery)
+    return _two_sets(query, query_labels, gallery, gallery_labels, sequence_ids, search_groups, categories)
+
+
+def _split_one_set(
+    x: Tensor,
+    labels: Tensor,
+    is_query: Tensor | None,
+    is_gallery: Tensor | None,
+    sequence_ids: PairedIds | None,
+    search_groups: PairedIds | None,
+    categories: Tensor | None,
+) -> QueryGallery:
+    """One set split by the masks; a sample that is both a query and a gallery item is its own ``self_index``."""
+    n, device = x.shape[0], x.device
+    query_rows = torch.ones(n, dtype=torch.bool, device=device)
+    gallery_rows = torch.ones(n, dtype=torch.bool, device=device)
+    if is_query is not None:
+        query_rows = check_mask("is_query", is_query, n, "query").to(device)
+    if is_gallery is not None:
+        gallery_rows = check_mask("is_gallery", is_gallery, n, "query").to(device)
+    query_positions = torch.nonzero(query_rows).flatten()
+    gallery_positions = torch.nonzero(gallery_rows).flatten()
+    if query_positions.numel() == 0:
+        raise ValueError("`is_query` must select at least one sample, got none.")
+    if gallery_positions.numel() == 0:
+        raise ValueError("`is_gallery` must select at least one sample, got none.")
+    position_in_gallery = torch.full((n,), -1, dtype=torch.long, device=device)
+    position_in_gallery[gallery_positions] = torch.arange(gallery_positions.numel(), device=device)
+    same_set = is_query is None and is_gallery is None  # then no copy of the rows: both sides are ``x``
+    return QueryGallery(
+        query=x if same_set else x[query_positions],
+        query_labels=labels if same_set else labels[query_positions],
+        gallery=x if same_set else x[gallery_positions],
+        gallery_labels=labels if same_set else labels[gallery_positions],
+        self_index=position_in_gallery[query_positions],
+        query_positions=query_positions,
+        gallery_positions=gallery_positions,
+        sequence_ids=_split_ids("sequence_ids", sequence_ids, query_positions, gallery_positions, n),
+        search_groups=_split_ids("search_groups", search_groups, query_positions, gallery_positions, n),
+        query_categories=None if categories is None else categories.to(device)[query_positions],
+        same_set=same_set,
+    )
+
+
+def _two_sets(
+    query: Tensor,
+    query_labels: Tensor,
+    gallery: object,
+    gallery_labels: Tensor | None,
+    sequence_ids: PairedIds | None,
+    search_groups: PairedIds | None,
+    categories: Tensor | None,
+) -> QueryGallery:
+    """A query set and a separate gallery: no self exclusion."""
+    n = query.shape[0]
+    gallery = check_embeddings("gallery", gallery)
     if gallery_labels is None:
         raise ValueError("`gallery_labels` must be given with `gallery`, got None.")
     n_gallery = gallery.shape[0]
@@ -171,9 +221,6 @@ def split_query_gallery(
             f"`gallery_labels` must have the label shape {tuple(query_labels.shape[1:])} of `query_labels`, "
             f"got {describe(gallery_labels)}."
         )
-    query_categories = None
-    if categories is not None:
-        query_categories = _check_ids("categories", categories, n, "query")
     device = query.device
     return QueryGallery(
         query=query,
@@ -183,7 +230,8 @@ def split_query_gallery(
         self_index=torch.full((n,), -1, dtype=torch.long, device=device),
         query_positions=torch.arange(n, device=device),
         gallery_positions=torch.arange(n_gallery, device=device),
-        sequence_ids=_paired_ids("sequence_ids", sequence_ids, n, n_gallery),
-        search_groups=_paired_ids("search_groups", search_groups, n, n_gallery),
-        query_categories=query_categories,
+        sequence_ids=_paired_ids("sequence_ids", sequence_ids, n, n_gallery, device),
+        search_groups=_paired_ids("search_groups", search_groups, n, n_gallery, device),
+        query_categories=categories,
+        same_set=False,
     )

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._checks import describe
+from torchmetrics_retrieval.functional._search.types import Exclusions
 
 __all__ = ["LabelComparisonFn", "count_relevant", "label_match", "relevance_matrix"]
 
@@ -158,16 +159,12 @@ def count_relevant(
     counts = torch.zeros(n_query, dtype=torch.long, device=query_labels.device)
     rows = max(1, min(n_query, _DEFAULT_CHUNK_PAIRS // max(1, n_gallery)))
     cols = max(1, min(n_gallery, _DEFAULT_CHUNK_PAIRS // rows))
-    gallery_positions = torch.arange(n_gallery, device=query_labels.device)
+    exclusions = Exclusions(self_index, sequence_ids, search_groups)
     for q0 in range(0, n_query, rows):
         q1 = min(q0 + rows, n_query)
         for g0 in range(0, n_gallery, cols):
             g1 = min(g0 + cols, n_gallery)
             match = label_match(query_labels[q0:q1], gallery_labels[g0:g1], label_comparison_fn)
-            match &= self_index[q0:q1, None] != gallery_positions[None, g0:g1]
-            if sequence_ids is not None:
-                match &= sequence_ids[0][q0:q1, None] != sequence_ids[1][None, g0:g1]
-            if search_groups is not None:
-                match &= search_groups[0][q0:q1, None] == search_groups[1][None, g0:g1]
+            exclusions.fill_excluded_(match, slice(q0, q1), slice(g0, g1), False)
             counts[q0:q1] += match.sum(dim=1)
     return counts

@@ -1,0 +1,250 @@
+r"""Exact quantiles of streamed pair distances, and counts against them: the engine of FNMR@FMR and the DET curve.
+
+A *pair source* yields blocks of pair distances with their positive/negative flags; nothing else is held.
+The values are exact, and no pair is materialised: the source is streamed twice.
+
+1. Count the positive and negative pairs and histogram their distances on shared bucket edges. The
+   bucket function is monotone, so the cumulative counts give the bucket holding each order
+   statistic the quantiles need (the k-th and (k+1)-th smallest negative distance).
+2. Collect the distinct distances (with multiplicities) of the negatives in those buckets and of the
+   positives in the buckets between them, select the exact order statistics, interpolate the
+   threshold (numpy's default linear rule), and count the positives at or above it exactly (buckets
+   above are counted whole).
+
+Memory is one block plus the histograms plus the collected distinct values, which the float resolution
+keeps small.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["N_BUCKETS", "Curve", "PairBlock", "PairBuckets", "PairSource", "curve"]
+
+#: Number of histogram buckets of the first pass.
+N_BUCKETS = 2**16
+#: Collected distinct values are merged (de-duplicated) whenever this many are pending.
+MERGE_EVERY = 2**22
+
+
+class PairBlock(NamedTuple):
+    """Distances of some pairs, which of them are positive, and which exist (None: all)."""
+
+    distances: Tensor
+    positive: Tensor
+    eligible: Tensor | None
+
+
+PairSource = Callable[[], Iterator[PairBlock]]
+
+
+class PairBuckets(NamedTuple):
+    """Monotone bucket function ``floor((d - low) * scale)`` clamped to ``[0, N_BUCKETS)``.
+
+    Only exactly rounded operations (subtract, multiply, clamp, truncate), so the bucket of a value does
+    not depend on where it sits in a tensor.
+    """
+
+    low: float
+    scale: float
+
+    @classmethod
+    def spanning(cls, low: float, high: float) -> PairBuckets:
+        width = high - low
+        return cls(low, N_BUCKETS / width if width > 0 and math.isfinite(width) else 1.0)
+
+    def ids(self, distances: Tensor) -> Tensor:
+        """int32 bucket ids (truncation is the floor once clamped at 0)."""
+        return torch.sub(distances, self.low).mul_(self.scale).clamp_(0, N_BUCKETS - 1).to(torch.int32)
+
+    def pair_ids(self, block: PairBlock) -> Tensor:
+        """Flat int32 ids in ``[0, 2 N_BUCKETS]``: negatives' buckets, positives' + N_BUCKETS, 2 N_BUCKETS for
+        the pairs that do not exist."""
+        ids = self.ids(block.distances).add_(block.positive, alpha=N_BUCKETS)
+        if block.eligible is not None:
+            ids.masked_fill_(~block.eligible, 2 * N_BUCKETS)
+        return ids.flatten()
+
+
+class Curve(NamedTuple):
+    """Per requested FMR value: the threshold and the FNMR (float64), NaN when undefined."""
+
+    thresholds: Tensor
+    fnmr: Tensor
+
+
+class _Counts(NamedTuple):
+    """Distinct values (sorted) with multiplicities."""
+
+    values: Tensor
+    counts: Tensor
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# pass 1: histograms
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _histograms(source: PairSource, buckets: PairBuckets) -> tuple[Tensor, Tensor]:
+    """``(negative, positive)`` histograms, ``(N_BUCKETS,)`` int64 each."""
+    total: Tensor | None = None
+    for block in source():
+        ids = buckets.pair_ids(block)
+        if total is None:
+            total = torch.zeros(2 * N_BUCKETS + 1, dtype=torch.int64, device=ids.device)
+        if ids.numel() >= N_BUCKETS:  # bincount is fast on big blocks, but costs O(N_BUCKETS) per call
+            total += torch.bincount(ids, minlength=2 * N_BUCKETS + 1)
+        else:
+            total.index_add_(0, ids, torch.ones((), dtype=torch.int64, device=ids.device).expand(ids.numel()))
+    if total is None:
+        raise RuntimeError("the pair source yielded no block")
+    return total[:N_BUCKETS], total[N_BUCKETS : 2 * N_BUCKETS]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# pass 2: exact values inside the wanted buckets
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _merge(parts: list[_Counts]) -> _Counts:
+    values = torch.cat([p.values for p in parts])
+    counts = torch.cat([p.counts for p in parts])
+    distinct, inverse = torch.unique(values, return_inverse=True)
+    return _Counts(distinct, torch.zeros_like(distinct, dtype=torch.int64).index_add_(0, inverse, counts))
+
+
+class _Collector:
+    """Accumulates distinct values with multiplicities, merging as it goes."""
+
+    def __init__(self, like: Tensor) -> None:
+        empty = _Counts(like.new_empty(0), torch.zeros(0, dtype=torch.int64, device=like.device))
+        self.parts: list[_Counts] = [empty]
+        self.pending = 0
+
+    def add(self, values: Tensor) -> None:
+        distinct, counts = torch.unique(values, return_counts=True)
+        self.parts.append(_Counts(distinct, counts))
+        self.pending += distinct.numel()
+        if self.pending > MERGE_EVERY:
+            self.parts, self.pending = [_merge(self.parts)], 0
+
+    def result(self) -> _Counts:
+        return _merge(self.parts)
+
+
+def _collect(
+    source: PairSource, buckets: PairBuckets, negative_wanted: Tensor, positive_wanted: Tensor
+) -> tuple[_Counts, _Counts]:
+    """Distinct negative (positive) distances in the wanted buckets, with multiplicities."""
+    no = torch.zeros(1, dtype=torch.bool, device=negative_wanted.device)
+    wanted_ids = torch.cat([negative_wanted, positive_wanted, no])  # indexed by ``pair_ids``
+    negatives: _Collector | None = None
+    positives: _Collector | None = None
+    for block in source():
+        wanted = wanted_ids[buckets.pair_ids(block)]
+        distances = block.distances.flatten()[wanted]
+        positive = block.positive.flatten()[wanted]
+        if negatives is None or positives is None:
+            negatives, positives = _Collector(distances), _Collector(distances)
+        negatives.add(distances[~positive])
+        positives.add(distances[positive])
+    if negatives is None or positives is None:
+        raise RuntimeError("the pair source yielded no block")
+    return negatives.result(), positives.result()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# exact quantiles and rates
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _quantile_ranks(n: int, fractions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """numpy's "linear" method: ranks (0-based) of the two order statistics and the interpolation weight."""
+    virtual = (n - 1) * fractions  # numpy's virtual index of the "linear" method
+    below = virtual.floor().clamp(0, n - 1)
+    gamma = (virtual - below).clamp(0, 1)
+    return below.long(), (below + 1).clamp(max=n - 1).long(), gamma
+
+
+def _lerp(a: Tensor, b: Tensor, gamma: Tensor) -> Tensor:
+    """numpy's interpolation ``a + (b - a) * gamma`` (from ``b`` when ``gamma >= 0.5``) in float64, kept in [a, b]."""
+    diff = b - a
+    value = torch.where(gamma >= 0.5, b - diff * (1 - gamma), a + diff * gamma)
+    return torch.minimum(torch.maximum(value, a), b)
+
+
+def _order_statistics(ranks: Tensor, collected: _Counts, histogram: Tensor, buckets: PairBuckets) -> Tensor:
+    """The values of the given global ranks, from the collected content of the buckets holding them."""
+    values, counts = collected
+    ids = buckets.ids(values)
+    running = counts.cumsum(0)
+    segment_start = torch.searchsorted(ids, ids)  # first collected value of the same bucket
+    within = running - (running[segment_start] - counts[segment_start])  # inclusive count inside the bucket
+    before_bucket = histogram.cumsum(0) - histogram
+    ends = _segment_ends(ids)
+    if not torch.equal(within[ends], histogram[ids[ends]]):  # every wanted bucket was collected whole
+        raise RuntimeError("distances differ between the two passes; they must be deterministic")
+    inclusive = before_bucket[ids] + within
+    return values[torch.searchsorted(inclusive, ranks, right=True)].to(torch.float64)
+
+
+def _segment_ends(ids: Tensor) -> Tensor:
+    """Index of the last element of each run of equal ``ids`` (sorted)."""
+    last = torch.ones_like(ids, dtype=torch.bool)
+    last[:-1] = ids[1:] != ids[:-1]
+    return torch.nonzero(last).flatten()
+
+
+def _bucket_of_rank(histogram: Tensor, ranks: Tensor) -> Tensor:
+    return torch.searchsorted(histogram.cumsum(0), ranks, right=True)
+
+
+def _wanted_buckets(first: Tensor, last: Tensor, device: torch.device) -> Tensor:
+    """Bool ``(N_BUCKETS,)``: True in every range ``[first[i], last[i]]``."""
+    marks = torch.zeros(N_BUCKETS + 1, dtype=torch.int64, device=device)
+    marks.index_add_(0, first, torch.ones_like(first))
+    marks.index_add_(0, last + 1, -torch.ones_like(last))
+    return marks.cumsum(0)[:N_BUCKETS] > 0
+
+
+def _nan_curve(n_values: int, reason: str, device: torch.device) -> Curve:
+    warnings.warn(f"FNMR@FMR is NaN: {reason}.", UserWarning, stacklevel=4)
+    nan = torch.full((n_values,), math.nan, dtype=torch.float64, device=device)
+    return Curve(nan, nan.clone())
+
+
+def curve(source: PairSource, buckets: PairBuckets, fractions: tuple[float, ...], device: torch.device) -> Curve:
+    """Thresholds and FNMR at the given FMR values, exact, from two passes over ``source``."""
+    negative_hist, positive_hist = _histograms(source, buckets)
+    n_negative, n_positive = int(negative_hist.sum()), int(positive_hist.sum())
+    if n_negative == 0:
+        return _nan_curve(len(fractions), "there is no negative pair (every pair's labels match)", device)
+    if n_positive == 0:
+        return _nan_curve(len(fractions), "there is no positive pair (no query has a relevant item)", device)
+    f = torch.tensor(fractions, dtype=torch.float64, device=device)
+    low_rank, high_rank, gamma = _quantile_ranks(n_negative, f)
+    low_bucket = _bucket_of_rank(negative_hist, low_rank)
+    high_bucket = _bucket_of_rank(negative_hist, high_rank)
+    negative_wanted = torch.zeros(N_BUCKETS, dtype=torch.bool, device=device)
+    negative_wanted[low_bucket] = True
+    negative_wanted[high_bucket] = True
+    positive_wanted = _wanted_buckets(low_bucket, high_bucket, device)
+    negatives, positives = _collect(source, buckets, negative_wanted, positive_wanted)
+
+    low = _order_statistics(low_rank, negatives, negative_hist, buckets)
+    high = _order_statistics(high_rank, negatives, negative_hist, buckets)
+    thresholds = _lerp(low, high, gamma)
+    # Positives above the high order statistic's bucket are >= the threshold; below the low one, < it.
+    above = n_positive - positive_hist.cumsum(0)[high_bucket]
+    positive_ids = buckets.ids(positives.values)
+    at_or_above = (positives.values.to(torch.float64)[None, :] >= thresholds[:, None]) & (
+        positive_ids[None, :] <= high_bucket[:, None]
+    )
+    n_at_or_above = above + (at_or_above * positives.counts[None, :]).sum(dim=1)
+    return Curve(thresholds, n_at_or_above.to(torch.float64) / n_positive)

@@ -1,0 +1,245 @@
+"""Per-query ranking values of a checked problem: one kNN search serves every cutoff, then relevance, the
+ranking kernels, and the streaming full-ranking passes for ``mrr`` beyond K and full ``map``.
+
+Two ways through the search, with the same values:
+
+* :func:`_one_pass`: the whole ``(Q, K)`` neighbour table at once (kept for the caller, or small enough);
+* :func:`_chunked`: query chunks reduced to their per-query values as they come, so a large table is never
+  held whole; the search then skips the float64 ordering that the values cannot see (near ties of one
+  relevance keep their float32 order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from torchmetrics_retrieval.functional import ranking
+from torchmetrics_retrieval.functional._checks import check_positive_int
+from torchmetrics_retrieval.functional._full_ranking import relevant_ranks
+from torchmetrics_retrieval.functional._options import RetrievalOptions
+from torchmetrics_retrieval.functional._search.plan import symmetric_search_fits
+from torchmetrics_retrieval.functional._search.problem import make_problem
+from torchmetrics_retrieval.functional._search.rounds import Search
+from torchmetrics_retrieval.functional._search.types import KNNResult
+from torchmetrics_retrieval.functional._sets import QueryGallery
+from torchmetrics_retrieval.functional.reduction import apply_empty_target_action
+from torchmetrics_retrieval.functional.relevance import count_relevant, relevance_matrix
+
+__all__ = ["RetrievalResult", "per_query"]
+
+#: Largest (Q, K) neighbour table (distances, indices, validity, hits) held at once when the caller does not
+#: ask for the neighbours themselves.
+NEIGHBOUR_TABLE_BYTES = 64 * 2**20
+_NEIGHBOUR_BYTES = 8 + 8 + 1 + 1  # per slot: distance (up to float64), int64 index, valid, hit
+
+
+@dataclass
+class RetrievalResult:
+    """Per-query outcome of a retrieval evaluation (``retrieval_per_query``).
+
+    Attributes:
+        values: flat key (as in the result dict) -> ``(Q,)`` value of each query, before the
+            empty-target rule.
+        counted: ``(Q,)`` bool, the queries that count in averages under ``empty_target_action``.
+        n_relevant: ``(Q,)`` int64 number of relevant items in each query's gallery.
+        indices: ``(Q, K)`` int64 positions, *in the input set*, of the retrieved items.
+        distances: ``(Q, K)`` their distances (+inf in invalid slots).
+        valid: ``(Q, K)`` bool, False where the query's gallery had fewer than K items.
+        is_relevant: ``(Q, K)`` bool hit matrix.
+        query_positions: ``(Q,)`` positions of the queries in the input set.
+        query_labels: ``(Q,)`` or ``(Q, L)`` labels of the queries.
+        query_categories: ``(Q,)`` categories of the queries, or None.
+    """
+
+    values: dict[str, Tensor]
+    counted: Tensor
+    n_relevant: Tensor
+    indices: Tensor
+    distances: Tensor
+    valid: Tensor
+    is_relevant: Tensor
+    query_positions: Tensor
+    query_labels: Tensor
+    query_categories: Tensor | None
+
+    def worst_queries(self, key: str, n: int = 10) -> Tensor:
+        """Input-set positions of the ``n`` counted queries with the lowest ``key`` value (ties by position).
+
+        Example:
+            >>> from torchmetrics_retrieval.functional import retrieval_metrics
+            >>> x = torch.tensor([[0.0], [0.3], [5.0], [5.1], [0.2]])
+            >>> _, res = retrieval_metrics(x, torch.tensor([0, 0, 1, 1, 1]), cmc_top_k=(1,), return_per_query=True)
+            >>> res.values["cmc/1"].tolist()  # q0, q1 and q4 miss at rank 1; ties go by position
+            [0.0, 0.0, 1.0, 1.0, 0.0]
+            >>> res.worst_queries("cmc/1", 2).tolist()
+            [0, 1]
+        """
+        if key not in self.values:
+            raise ValueError(f"`key` must be one of {sorted(self.values)}, got {key!r}.")
+        check_positive_int("n", n)
+        values = self.values[key].masked_fill(~self.counted, float("inf"))
+        order = torch.sort(values, stable=True).indices[: min(n, int(self.counted.sum()))]
+        return self.query_positions[order]
+
+
+def _cutoff_keys(name: str, ks: Iterable[int]) -> list[str]:
+    return [f"{name}/{k}" for k in ks]
+
+
+def _ranking_values(
+    options: RetrievalOptions, is_relevant: Tensor, n_relevant: Tensor, n_candidates: Tensor
+) -> dict[str, Tensor]:
+    """Every requested per-query ranking value within the retrieved K, keyed as in the result dict (``mrr``
+    here is the reciprocal rank within K; :func:`_mrr` completes it)."""
+    values: dict[str, Tensor] = {}
+    kernels = (
+        ("cmc", options.cmc_top_k, lambda ks: ranking.cmc_at_k(is_relevant, n_relevant, ks)),
+        (
+            "precision",
+            options.precision_top_k,
+            lambda ks: ranking.precision_at_k(
+                is_relevant, n_relevant, ks, mode=options.precision_mode, n_candidates=n_candidates
+            ),
+        ),
+        ("recall", options.recall_top_k, lambda ks: ranking.recall_at_k(is_relevant, n_relevant, ks)),
+        ("map", options.map_top_k, lambda ks: ranking.map_at_k(is_relevant, n_relevant, ks)),
+        ("ndcg", options.ndcg_top_k, lambda ks: ranking.ndcg_at_k(is_relevant, n_relevant, ks)),
+    )
+    for name, ks, kernel in kernels:
+        if ks:
+            table = kernel(ks)
+            values.update(zip(_cutoff_keys(name, ks), table.unbind(dim=1), strict=True))
+    if options.map_at_r:
+        values["map_at_r"] = ranking.map_at_r(is_relevant, n_relevant)
+    if options.r_precision:
+        values["r_precision"] = ranking.r_precision(is_relevant, n_relevant)
+    if options.mrr:
+        values["mrr"] = ranking.reciprocal_rank(is_relevant)
+    return values
+
+
+def _search(qg: QueryGallery, options: RetrievalOptions, k: int, exact_distances: bool) -> Search:
+    """The kNN search of the problem; a set against itself takes the symmetric path (each distance once)."""
+    problem = make_problem(qg.query, qg.gallery, options.distance, qg.exclusions(), qg.same_set)
+    relevance = None
+    if not exact_distances:  # the metrics need the relevance of each rank only, not the exact tie order
+
+        def relevance(rows: Tensor, items: Tensor) -> Tensor:
+            return relevance_matrix(qg.query_labels[rows], qg.gallery_labels, items, None, options.label_comparison_fn)
+
+    return Search.prepare(
+        problem,
+        k,
+        backend=options.knn_backend,
+        chunk_size=options.chunk_size,
+        exact_distances=exact_distances,
+        relevance=relevance,
+    )
+
+
+def _one_pass(
+    qg: QueryGallery, options: RetrievalOptions, k: int, n_relevant: Tensor, n_candidates: Tensor, exact: bool
+) -> tuple[dict[str, Tensor], KNNResult, Tensor]:
+    """Values, neighbour table and hit matrix from one search of every query."""
+    found = _search(qg, options, k, exact)(torch.arange(qg.query.shape[0], device=qg.query.device))
+    is_relevant = relevance_matrix(
+        qg.query_labels, qg.gallery_labels, found.indices, found.valid, options.label_comparison_fn
+    )
+    return _ranking_values(options, is_relevant, n_relevant, n_candidates), found, is_relevant
+
+
+def _chunked(
+    qg: QueryGallery, options: RetrievalOptions, k: int, n_relevant: Tensor, n_candidates: Tensor
+) -> dict[str, Tensor]:
+    """Values from query chunks of at most ``NEIGHBOUR_TABLE_BYTES`` of neighbours each."""
+    search = _search(qg, options, k, exact_distances=False)
+    rows_per_chunk = max(1, NEIGHBOUR_TABLE_BYTES // (k * _NEIGHBOUR_BYTES))
+    parts: list[dict[str, Tensor]] = []
+    for rows in torch.arange(qg.query.shape[0], device=qg.query.device).split(rows_per_chunk):
+        part = search(rows)
+        hits = relevance_matrix(
+            qg.query_labels[rows], qg.gallery_labels, part.indices, part.valid, options.label_comparison_fn
+        )
+        parts.append(_ranking_values(options, hits, n_relevant[rows], n_candidates[rows]))
+    return {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
+
+
+def _mrr(qg: QueryGallery, options: RetrievalOptions, within_k: Tensor, n_relevant: Tensor) -> Tensor:
+    """Exact reciprocal rank over the full ranking from the one within the retrieved K (0: no hit there);
+    only queries with no hit in the top K take a second, streaming pass."""
+    values = within_k.clone()
+    beyond = torch.nonzero((values == 0) & (n_relevant > 0)).flatten()
+    if beyond.numel():
+        first = relevant_ranks(qg.take(beyond), n_relevant[beyond], max_relevant=1, **_rank_options(options))
+        values[beyond] = 1.0 / first[:, 0].to(values.dtype)
+    return values
+
+
+def _average_precision(qg: QueryGallery, options: RetrievalOptions, n_relevant: Tensor) -> Tensor:
+    """Exact full-ranking average precision from the ranks of every relevant item."""
+    ranks = relevant_ranks(qg, n_relevant, **_rank_options(options)).to(torch.float64)
+    position = torch.arange(1, ranks.shape[1] + 1, device=ranks.device, dtype=torch.float64)
+    precision = torch.where(ranks > 0, position[None, :] / ranks.clamp(min=1), torch.zeros_like(ranks))
+    return (precision.sum(dim=1) / n_relevant.clamp(min=1)).to(torch.float32)
+
+
+def _rank_options(options: RetrievalOptions) -> dict[str, object]:
+    return {
+        "distance": options.distance,
+        "label_comparison_fn": options.label_comparison_fn,
+        "chunk_size": options.chunk_size,
+    }
+
+
+def per_query(qg: QueryGallery, options: RetrievalOptions, keep_neighbours: bool) -> RetrievalResult:
+    """Per-query values of a checked problem (what ``retrieval_per_query`` documents)."""
+    n_relevant = count_relevant(
+        qg.query_labels,
+        qg.gallery_labels,
+        self_index=qg.self_index,
+        sequence_ids=qg.sequence_ids,
+        search_groups=qg.search_groups,
+        label_comparison_fn=options.label_comparison_fn,
+    )
+    n_query, device = qg.query.shape[0], qg.query.device
+    n_candidates = qg.exclusions().count_eligible(n_query, qg.gallery.shape[0], device)  # |G(q)|
+    cutoffs = options.cmc_top_k + options.precision_top_k + options.map_top_k + options.recall_top_k
+    k = max((*cutoffs, *options.ndcg_top_k, 1))
+    if options.map_at_r or options.r_precision:
+        k = max(k, int(n_relevant.max()))
+    # A leave-one-out search whose symmetric candidate buffer fits holds more than the table anyway, and one
+    # symmetric pass computes each distance once, where query chunks would compute every one twice.
+    one_pass = n_query * k * _NEIGHBOUR_BYTES <= NEIGHBOUR_TABLE_BYTES or (
+        qg.same_set and symmetric_search_fits(n_query, k)
+    )
+    if keep_neighbours or one_pass:
+        values, found, is_relevant = _one_pass(qg, options, k, n_relevant, n_candidates, exact=keep_neighbours)
+    else:
+        values = _chunked(qg, options, k, n_relevant, n_candidates)
+        found = KNNResult(
+            torch.zeros(n_query, 0, dtype=qg.query.dtype, device=device),
+            torch.zeros(n_query, 0, dtype=torch.long, device=device),
+            torch.zeros(n_query, 0, dtype=torch.bool, device=device),
+        )
+        is_relevant = found.valid
+    if options.mrr:
+        values["mrr"] = _mrr(qg, options, values["mrr"], n_relevant)
+    if options.map_full:
+        values["map"] = _average_precision(qg, options, n_relevant)
+    counted = apply_empty_target_action(torch.zeros(n_query), n_relevant, options.empty_target_action)[1]
+    return RetrievalResult(
+        values=values,
+        counted=counted,
+        n_relevant=n_relevant,
+        indices=torch.where(found.valid, qg.gallery_positions[found.indices], 0),
+        distances=found.distances,
+        valid=found.valid,
+        is_relevant=is_relevant,
+        query_positions=qg.query_positions,
+        query_labels=qg.query_labels,
+        query_categories=qg.query_categories,
+    )
