@@ -1,6 +1,8 @@
 """Drop-in APIs of the libraries users come from, as thin adapters over :mod:`torchmetrics_retrieval.functional`.
 
 * :mod:`torchmetrics_retrieval.compat.pml`: pytorch-metric-learning's ``AccuracyCalculator``.
+* :mod:`torchmetrics_retrieval.compat.testers`: pytorch-metric-learning's testers (also importable as
+  ``torchmetrics_retrieval.testers``).
 * :mod:`torchmetrics_retrieval.compat.oml`: open-metric-learning's functional metrics
   (``calc_retrieval_metrics``, ``calc_cmc``, ``calc_precision``, ``calc_map``, ``calc_fnmr_at_fmr``,
   ``calc_pcf``, ``calc_topological_metrics``) and its nested result layout.
