@@ -81,6 +81,42 @@ def leave_one_out(x: Tensor, labels: Tensor, **kwargs: object) -> list[QueryRank
     return rankings(x, labels, x, labels, self_index=list(range(x.shape[0])), **kwargs)  # type: ignore[arg-type]
 
 
+def whole_set(
+    x: Tensor,
+    labels: Tensor,
+    *,
+    is_query: Sequence[bool] | None = None,
+    is_gallery: Sequence[bool] | None = None,
+    sequence_ids: Tensor | None = None,
+    search_groups: Tensor | None = None,
+    **kwargs: object,
+) -> list[QueryRanking]:
+    """Rankings of one set's queries against its gallery items (``gallery=None``), positions in the set.
+
+    A sample that is both a query and a gallery item is left out of its own gallery by position; the
+    per-sample ids are split into their query and gallery sides.
+    """
+    queries = [i for i in range(x.shape[0]) if is_query is None or is_query[i]]
+    items = [j for j in range(x.shape[0]) if is_gallery is None or is_gallery[j]]
+    own = [items.index(i) if i in items else -1 for i in queries]
+
+    def sides(ids: Tensor | None) -> tuple[Tensor, Tensor] | None:
+        return None if ids is None else (ids[queries], ids[items])
+
+    result = rankings(
+        x[queries],
+        labels[queries],
+        x[items],
+        labels[items],
+        self_index=own,
+        sequence_ids=sides(sequence_ids),
+        search_groups=sides(search_groups),
+        **kwargs,  # type: ignore[arg-type]
+    )
+    # gallery positions -> set positions: ``items`` is increasing, so the tie order by position is unchanged
+    return [QueryRanking([items[g] for g in r.positions], r.distances, r.relevant) for r in result]
+
+
 # ---- per-query metric values, literally as in docs/definitions.md -------------------------------------------------
 
 

@@ -7,10 +7,30 @@ import sys
 import numpy as np
 import pytest
 import torch
+from scipy.spatial.distance import cdist
 from sklearn.datasets import load_digits
+from sklearn.metrics import adjusted_mutual_info_score, normalized_mutual_info_score
 from sklearn.neighbors import NearestNeighbors
 
+import torchmetrics_retrieval.functional as F
 from torchmetrics_retrieval.cli import main
+
+
+def digits_ranking() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What ``demo`` searches, computed independently: digits' 64 integer pixels, euclidean, leave-one-out.
+
+    Returns ``(labels, distances, order, relevant)``: the ``(N, N)`` float32 distances (float64 per pair, cast
+    to float32 as the package documents; the diagonal +inf), each query's gallery sorted by (distance,
+    position) (a stable argsort: the package's documented tie order; integer pixels give many exact ties),
+    and the ``(N, N - 1)`` relevance of that ranking (the query itself, last at +inf, dropped).
+    """
+    digits = load_digits()
+    squared = cdist(digits.data, digits.data, "sqeuclidean")  # float64 sums of squared integer differences: exact
+    distances = np.sqrt(squared).astype(np.float32)
+    np.fill_diagonal(distances, np.inf)
+    order = np.argsort(distances, axis=1, kind="stable")[:, :-1]
+    relevant = digits.target[order] == digits.target[:, None]
+    return digits.target, distances, order, relevant
 
 
 def test_demo_prints_a_table_that_agrees_with_scikit_learn(capsys: pytest.CaptureFixture[str]) -> None:
@@ -24,8 +44,74 @@ def test_demo_prints_a_table_that_agrees_with_scikit_learn(capsys: pytest.Captur
     assert metrics["cmc/1"] == pytest.approx(hits[:, 0].mean(), abs=3 / 1797)
     assert metrics["cmc/5"] == pytest.approx(hits.any(axis=1).mean(), abs=3 / 1797)
     assert metrics["precision/5"] == pytest.approx(hits.mean(), abs=3 / 1797)  # every class has >= 5 others
-    for key in ("map/5", "map_at_r", "r_precision", "mrr", "map", "fnmr@fmr/0.1", "pcf/0.5", "nmi", "ami"):
-        assert 0.0 <= metrics[key] <= 1.0, key
+
+    # Every value from an independent computation (numpy, scipy, scikit-learn), ties ordered by position.
+    labels, distances, _, relevant = digits_ranking()
+    n, d = digits.data.shape
+    n_relevant = np.bincount(labels)[labels] - 1  # every other image of the class: no query is lone
+    assert n_relevant.min() > 0
+    ranks = np.arange(1, n)
+    cumulative_hits = np.cumsum(relevant, axis=1)
+    precision_at = cumulative_hits / ranks  # P@i at every rank i
+    assert metrics["cmc/1"] == pytest.approx(relevant[:, 0].mean(), abs=1e-6)
+    assert metrics["cmc/5"] == pytest.approx(relevant[:, :5].any(axis=1).mean(), abs=1e-6)
+    assert metrics["precision/5"] == pytest.approx(cumulative_hits[:, 4].mean() / 5, abs=1e-6)
+    # map@5: mean of P@i over the relevant ranks i <= 5 (0 without a hit there)
+    hits_5 = cumulative_hits[:, 4]
+    sum_5 = (precision_at[:, :5] * relevant[:, :5]).sum(axis=1)
+    assert metrics["map/5"] == pytest.approx(np.where(hits_5 > 0, sum_5 / np.maximum(hits_5, 1), 0.0).mean(), abs=1e-6)
+    # map@R and R-precision with R = n(q)
+    within_r = ranks[None, :] <= n_relevant[:, None]
+    map_at_r = (precision_at * relevant * within_r).sum(axis=1) / n_relevant
+    assert metrics["map_at_r"] == pytest.approx(map_at_r.mean(), abs=1e-6)
+    r_precision = (relevant * within_r).sum(axis=1) / n_relevant
+    assert metrics["r_precision"] == pytest.approx(r_precision.mean(), abs=1e-6)
+    # mrr and map over the full ranking
+    assert metrics["mrr"] == pytest.approx((1.0 / (relevant.argmax(axis=1) + 1)).mean(), abs=1e-6)
+    full_ap = (precision_at * relevant).sum(axis=1) / n_relevant
+    assert metrics["map"] == pytest.approx(full_ap.mean(), abs=1e-6)
+
+    # fnmr@fmr=0.1 over the ordered pairs (q, g), g != q: threshold the 0.1-quantile (linear) of the negatives
+    pairs = ~np.eye(n, dtype=bool)
+    same = labels[:, None] == labels[None, :]
+    positive, negative = distances[pairs & same].astype(np.float64), distances[pairs & ~same].astype(np.float64)
+    threshold = np.quantile(negative, 0.1)
+    assert metrics["fnmr@fmr/0.1"] == pytest.approx((positive >= threshold).mean(), abs=1e-6)
+
+    # pcf at 0.5: 1 + the number of cumulative variance shares <= 0.5 among the min(N, d) largest eigenvalues
+    eigenvalues = np.sort(np.linalg.eigvalsh(np.cov(digits.data, rowvar=False)))[::-1][: min(n, d)]
+    eigenvalues = np.clip(eigenvalues, 0.0, None)
+    shares = np.cumsum(eigenvalues) / eigenvalues.sum()
+    assert not np.any(np.abs(shares - 0.5) < 1e-6)  # no share on the edge, where rounding could move the count
+    assert metrics["pcf/0.5"] == pytest.approx(min(1 + int((shares <= 0.5).sum()), d) / d, abs=1e-6)
+
+    # nmi/ami: the clustering is the package's seeded faiss k-means (F.kmeans, one cluster per class, seed 0, as
+    # clustering_scores runs it on the demo's float32 pixels); the scores of that assignment are scikit-learn's.
+    clusters = F.kmeans(torch.from_numpy(digits.data.astype(np.float32)), 10).numpy()
+    assert metrics["nmi"] == pytest.approx(normalized_mutual_info_score(labels, clusters), abs=1e-6)
+    assert metrics["ami"] == pytest.approx(adjusted_mutual_info_score(labels, clusters), abs=1e-6)
+    assert metrics["nmi"] > 0.6  # k-means on raw digits finds most classes (about 0.75)
+    ranking_keys = ["cmc/1", "cmc/5", "precision/5", "map/5", "map_at_r", "r_precision", "mrr", "map"]
+    assert sorted(metrics) == sorted([*ranking_keys, "fnmr@fmr/0.1", "tar@far/0.1", "pcf/0.5", "nmi", "ami"])
+    assert metrics["tar@far/0.1"] == pytest.approx(1 - (positive >= threshold).mean(), abs=1e-6)
+
+
+def test_digits_ranking_by_hand() -> None:
+    """The independent ranking itself: a few facts checked directly on the pixels."""
+    labels, distances, order, relevant = digits_ranking()
+    digits = load_digits()
+    n = labels.shape[0]
+    assert order.shape == relevant.shape == (n, n - 1)
+    assert not np.any(order == np.arange(n)[:, None])  # never the query itself
+    query = 7
+    brute = [float(np.float32(np.sqrt(((digits.data[query] - row) ** 2).sum()))) for row in digits.data]
+    gallery = sorted((brute[g], g) for g in range(n) if g != query)
+    assert order[query].tolist() == [g for _, g in gallery]
+    assert distances[query, order[query]].tolist() == [dist for dist, _ in gallery]
+    # ties exist and are ordered by position
+    tied = np.diff(distances[query, order[query]]) == 0
+    assert tied.any()
+    assert np.all(np.diff(order[query])[tied] > 0)
 
 
 def test_demo_table_through_the_installed_command() -> None:

@@ -9,15 +9,15 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from pytorch_metric_learning import testers as pml_testers
+from pytorch_metric_learning.utils import accuracy_calculator as pml_calc
+from pytorch_metric_learning.utils import inference as pml_inference
+from sklearn import datasets
 from torch.utils.data import Dataset, TensorDataset
 
-from torchmetrics_retrieval.compat import testers
+from torchmetrics_retrieval import testers
 from torchmetrics_retrieval.compat.pml import AccuracyCalculator
 
-pml_testers = pytest.importorskip("pytorch_metric_learning.testers")
-pml_calc = pytest.importorskip("pytorch_metric_learning.utils.accuracy_calculator")
-pml_inference = pytest.importorskip("pytorch_metric_learning.utils.inference")
-datasets = pytest.importorskip("sklearn.datasets")
 logging.getLogger("PML").setLevel(logging.ERROR)
 
 CPU = torch.device("cpu")
@@ -363,11 +363,3 @@ def test_description_suffixes() -> None:
         pca=4, accuracy_calculator=pml_calc.AccuracyCalculator(avg_of_avgs=True), **COMMON
     )
     assert tester.description_suffixes("model") == theirs.description_suffixes("model")
-
-
-def test_the_old_import_path_gives_the_same_classes() -> None:
-    from torchmetrics_retrieval import testers as old_home
-    from torchmetrics_retrieval.testers import GlobalEmbeddingSpaceTester
-
-    assert GlobalEmbeddingSpaceTester is testers.GlobalEmbeddingSpaceTester
-    assert all(getattr(old_home, name) is getattr(testers, name) for name in testers.__all__)

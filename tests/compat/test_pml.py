@@ -11,13 +11,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from pytorch_metric_learning.utils import accuracy_calculator as pml_calc
+from pytorch_metric_learning.utils import inference as pml_inference
 
 from torchmetrics_retrieval.compat import pml
 from torchmetrics_retrieval.compat.pml import AccuracyCalculator
 from torchmetrics_retrieval.compat.pml._inputs import locate_rows
 
-pml_calc = pytest.importorskip("pytorch_metric_learning.utils.accuracy_calculator")
-pml_inference = pytest.importorskip("pytorch_metric_learning.utils.inference")
 logging.getLogger("PML").setLevel(logging.ERROR)
 
 CPU = torch.device("cpu")

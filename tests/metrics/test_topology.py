@@ -279,8 +279,7 @@ def test_metric_collection_with_embedding_metrics() -> None:
 
 
 def test_plots() -> None:
-    pytest.importorskip("matplotlib")
-    import matplotlib
+    import matplotlib  # a declared test dependency (the `test` extra): a missing one fails, not skips
 
     matplotlib.use("Agg")
     metric = PCF(pcf_variance=(0.5, 1.0))

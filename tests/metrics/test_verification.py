@@ -161,8 +161,7 @@ def test_no_negative_pair_is_nan_with_warning() -> None:
 
 
 def test_det_curve_and_plots() -> None:
-    pytest.importorskip("matplotlib")
-    import matplotlib
+    import matplotlib  # a declared test dependency (the `test` extra): a missing one fails, not skips
 
     matplotlib.use("Agg")
     data = pick(make_data(n=20, seed=11), ("is_query",))
