@@ -15,7 +15,7 @@ from pytorch_metric_learning.utils import inference as pml_inference
 from sklearn import datasets
 from torch.utils.data import Dataset, TensorDataset
 
-from torchmetrics_retrieval import testers
+from torchmetrics_retrieval.compat import testers
 from torchmetrics_retrieval.compat.pml import AccuracyCalculator
 
 logging.getLogger("PML").setLevel(logging.ERROR)
@@ -363,3 +363,11 @@ def test_description_suffixes() -> None:
         pca=4, accuracy_calculator=pml_calc.AccuracyCalculator(avg_of_avgs=True), **COMMON
     )
     assert tester.description_suffixes("model") == theirs.description_suffixes("model")
+
+
+def test_the_old_import_path_gives_the_same_classes() -> None:
+    from torchmetrics_retrieval import testers as old_home
+    from torchmetrics_retrieval.testers import GlobalEmbeddingSpaceTester
+
+    assert GlobalEmbeddingSpaceTester is testers.GlobalEmbeddingSpaceTester
+    assert all(getattr(old_home, name) is getattr(testers, name) for name in testers.__all__)
