@@ -24,7 +24,7 @@ from torchmetrics_retrieval.functional.reduction import EMPTY_TARGET_ACTIONS, Em
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
 from torchmetrics_retrieval.functional.search import BACKENDS, DISTANCES, Distance, KNNBackend
 
-__all__ = ["OptionKind", "RetrievalOptions", "option_fields"]
+__all__ = ["OptionKind", "RetrievalOptions", "check_option", "option_fields"]
 
 
 @dataclass(frozen=True)
@@ -165,3 +165,16 @@ def option_fields() -> Mapping[str, Field[Any]]:
         ((1, 5), 'cutoffs', 'cutoffs k of cmc@k')
     """
     return {f.name: f for f in fields(RetrievalOptions)}
+
+
+def check_option(name: str, value: Any) -> Any:
+    """Check one option on its own, as :meth:`RetrievalOptions.create` does, for the classes and adapters that take
+    a few of the same options (``FNMRAtFMR``, pytorch-metric-learning's ``AccuracyCalculator``).
+
+    Example:
+        >>> check_option("chunk_size", 0)
+        Traceback (most recent call last):
+            ...
+        ValueError: `chunk_size` must be an int >= 1, got 0.
+    """
+    return option_fields()[name].metadata["kind"].check(name, value)

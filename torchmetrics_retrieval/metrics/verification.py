@@ -7,9 +7,10 @@ from typing import Any, cast
 
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._checks import check_choice, check_fractions, check_positive_int, describe
+from torchmetrics_retrieval.functional._checks import check_fractions
+from torchmetrics_retrieval.functional._options import check_option
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
-from torchmetrics_retrieval.functional.search import DISTANCES, Distance
+from torchmetrics_retrieval.functional.search import Distance
 from torchmetrics_retrieval.functional.verification import DEFAULT_FMR_GRID, det_curve, fnmr_at_fmr
 from torchmetrics_retrieval.metrics._state import (
     FieldSpec,
@@ -93,11 +94,9 @@ class FNMRAtFMR(SampleAccumulator):
         **kwargs: Any,
     ) -> None:
         fractions = non_empty_fractions("fmr_vals", fmr_vals)
-        check_choice("distance", distance, DISTANCES)
-        if label_comparison_fn is not None and not callable(label_comparison_fn):
-            raise TypeError(f"`label_comparison_fn` must be callable or None, got {describe(label_comparison_fn)}.")
-        if chunk_size is not None:
-            check_positive_int("chunk_size", chunk_size)
+        check_option("distance", distance)  # checked as the same options of EmbeddingMetrics are
+        check_option("label_comparison_fn", label_comparison_fn)
+        check_option("chunk_size", chunk_size)
         super().__init__(**kwargs)
         self.fmr_vals = fractions
         self.distance: Distance = distance

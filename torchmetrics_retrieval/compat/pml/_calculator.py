@@ -23,7 +23,7 @@ from torchmetrics_retrieval.compat.pml._values import (
     reduce_values,
     relevant_counts,
 )
-from torchmetrics_retrieval.functional._options import CALLABLE_OR_NONE
+from torchmetrics_retrieval.functional._options import check_option
 from torchmetrics_retrieval.functional.relevance import count_relevant, relevance_matrix
 
 __all__ = ["AccuracyCalculator"]
@@ -114,7 +114,7 @@ class AccuracyCalculator:
             raise ValueError(f"k must be an integer greater than 0, or None, or 'max_bin_count'; got `k`={k!r}.")
         self.k = k
 
-        CALLABLE_OR_NONE.check("label_comparison_fn", label_comparison_fn)
+        check_option("label_comparison_fn", label_comparison_fn)
         if label_comparison_fn is not None and any(n in self.requires_clustering() for n in self.get_curr_metrics()):
             raise NotImplementedError("Unsupported: clustering + custom label comparison")
         self.label_comparison_fn: LabelComparison = EQUALITY if label_comparison_fn is None else label_comparison_fn
