@@ -130,3 +130,33 @@ def check_same_length(name: str, value: Tensor, n_rows: int, rows_name: str) -> 
     """``value`` must have ``n_rows`` rows, as ``rows_name`` has."""
     if value.shape[0] != n_rows:
         raise ValueError(f"`{name}` must have {n_rows} rows like `{rows_name}`, got {describe(value)}.")
+
+
+def check_ids(name: str, value: Any, n_rows: int, rows_name: str, *, integer: bool = True) -> Tensor:
+    """Per-row ids (sequence ids, search groups, categories): a 1-D tensor with ``n_rows`` entries, of an
+    integer or bool dtype unless ``integer`` is False."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"`{name}` must be a 1-D torch.Tensor, got {describe(value)}.")
+    if value.ndim != 1:
+        raise ValueError(f"`{name}` must be 1-D, got {describe(value)}.")
+    if integer and (value.is_floating_point() or value.is_complex()):
+        raise TypeError(f"`{name}` must have an integer or bool dtype, got {describe(value)}.")
+    check_same_length(name, value, n_rows, rows_name)
+    return value
+
+
+def check_id_pair(
+    name: str, value: Any, n_query: int, n_gallery: int, device: torch.device
+) -> tuple[Tensor, Tensor] | None:
+    """Ids given as a ``(query_side, gallery_side)`` pair for a query set and a separate gallery, on ``device``
+    (None stays None)."""
+    if value is None:
+        return None
+    if not (isinstance(value, tuple) and len(value) == 2):
+        raise TypeError(
+            f"`{name}` must be a (query_side, gallery_side) pair of tensors when `gallery` is given, "
+            f"got {describe(value)}."
+        )
+    query_side = check_ids(f"{name}[0]", value[0], n_query, "query").to(device)
+    gallery_side = check_ids(f"{name}[1]", value[1], n_gallery, "gallery").to(device)
+    return query_side, gallery_side

@@ -21,9 +21,10 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional._checks import (
     check_embeddings,
+    check_id_pair,
+    check_ids,
     check_labels,
     check_mask,
-    check_same_length,
     describe,
 )
 from torchmetrics_retrieval.functional._search.types import Exclusions
@@ -82,17 +83,6 @@ class QueryGallery(NamedTuple):
         )
 
 
-def _check_ids(name: str, value: Tensor, n_rows: int, rows_name: str, integer: bool = True) -> Tensor:
-    if not isinstance(value, Tensor):
-        raise TypeError(f"`{name}` must be a 1-D torch.Tensor, got {describe(value)}.")
-    if value.ndim != 1:
-        raise ValueError(f"`{name}` must be 1-D, got {describe(value)}.")
-    if integer and (value.is_floating_point() or value.is_complex()):
-        raise TypeError(f"`{name}` must have an integer or bool dtype, got {describe(value)}.")
-    check_same_length(name, value, n_rows, rows_name)
-    return value
-
-
 def _split_ids(
     name: str, value: PairedIds | None, query_rows: Tensor, gallery_rows: Tensor, n: int
 ) -> tuple[Tensor, Tensor] | None:
@@ -100,24 +90,9 @@ def _split_ids(
         return None
     if isinstance(value, tuple):
         raise TypeError(f"`{name}` must be one tensor for the whole set when `gallery` is None, got a tuple.")
-    _check_ids(name, value, n, "query")
+    check_ids(name, value, n, "query")
     value = value.to(query_rows.device)
     return value[query_rows], value[gallery_rows]
-
-
-def _paired_ids(
-    name: str, value: PairedIds | None, n_query: int, n_gallery: int, device: torch.device
-) -> tuple[Tensor, Tensor] | None:
-    if value is None:
-        return None
-    if not (isinstance(value, tuple) and len(value) == 2):
-        raise TypeError(
-            f"`{name}` must be a (query_side, gallery_side) pair of tensors when `gallery` is given, "
-            f"got {describe(value)}."
-        )
-    query_side = _check_ids(f"{name}[0]", value[0], n_query, "query")
-    gallery_side = _check_ids(f"{name}[1]", value[1], n_gallery, "gallery")
-    return query_side.to(device), gallery_side.to(device)
 
 
 def split_query_gallery(
@@ -147,7 +122,7 @@ def split_query_gallery(
     check_embeddings("query", query)
     check_labels("query_labels", query_labels, query.shape[0], "query")
     if categories is not None:
-        _check_ids("categories", categories, query.shape[0], "query", integer=False)
+        check_ids("categories", categories, query.shape[0], "query", integer=False)
     if gallery is None:
         if gallery_labels is not None:
             raise ValueError("`gallery_labels` must be None when `gallery` is None, got a tensor.")
@@ -230,8 +205,12 @@ def _two_sets(
         self_index=torch.full((n,), -1, dtype=torch.long, device=device),
         query_positions=torch.arange(n, device=device),
         gallery_positions=torch.arange(n_gallery, device=device),
-        sequence_ids=_paired_ids("sequence_ids", sequence_ids, n, n_gallery, device),
-        search_groups=_paired_ids("search_groups", search_groups, n, n_gallery, device),
+        sequence_ids=None
+        if sequence_ids is None
+        else check_id_pair("sequence_ids", sequence_ids, n, n_gallery, device),
+        search_groups=None
+        if search_groups is None
+        else check_id_pair("search_groups", search_groups, n, n_gallery, device),
         query_categories=categories,
         same_set=False,
     )

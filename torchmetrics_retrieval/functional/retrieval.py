@@ -59,6 +59,8 @@ def retrieval_per_query(
     """
     if options is not None and not isinstance(options, RetrievalOptions):
         raise TypeError(f"`options` must be a RetrievalOptions or None, got {describe(options)}.")
+    if not isinstance(keep_neighbours, bool):
+        raise TypeError(f"`keep_neighbours` must be a bool, got {describe(keep_neighbours)}.")
     qg = split_query_gallery(
         query,
         query_labels,
@@ -245,6 +247,8 @@ def retrieval_metrics(
         {'cmc/1': 0.4, 'precision/2': 0.6, 'mrr': 0.6667}
     """
     opts = RetrievalOptions.create(**options)
+    if not isinstance(return_per_query, bool):
+        raise TypeError(f"`return_per_query` must be a bool, got {describe(return_per_query)}.")
     qg = split_query_gallery(  # the one check of the inputs; every stage below takes them as checked
         query,
         query_labels,

@@ -20,6 +20,8 @@ from torch import Tensor
 from torchmetrics_retrieval.functional._checks import (
     check_choice,
     check_embeddings,
+    check_id_pair,
+    check_ids,
     check_positive_int,
     check_same_length,
     describe,
@@ -51,25 +53,6 @@ __all__ = [
 ]
 
 
-def _check_ids(name: str, value: object, n_rows: int, rows_name: str) -> Tensor:
-    if not isinstance(value, Tensor):
-        raise TypeError(f"`{name}` must be a 1-D torch.Tensor, got {describe(value)}.")
-    if value.ndim != 1:
-        raise ValueError(f"`{name}` must be 1-D, got {describe(value)}.")
-    if value.is_floating_point() or value.is_complex():
-        raise TypeError(f"`{name}` must have an integer or bool dtype, got {describe(value)}.")
-    check_same_length(name, value, n_rows, rows_name)
-    return value
-
-
-def _check_pair(name: str, value: object, n_query: int, n_gallery: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    if not (isinstance(value, tuple) and len(value) == 2):
-        raise TypeError(f"`{name}` must be a (query_side, gallery_side) pair of tensors, got {describe(value)}.")
-    query_side = _check_ids(f"{name}[0]", value[0], n_query, "query").to(device)
-    gallery_side = _check_ids(f"{name}[1]", value[1], n_gallery, "gallery").to(device)
-    return query_side, gallery_side
-
-
 def _check_self_index(name: str, value: object, n_query: int, n_gallery: int, device: torch.device) -> Tensor:
     if not isinstance(value, Tensor):
         raise TypeError(f"`{name}` must be a bool or an int64 tensor of shape (Q,), got {describe(value)}.")
@@ -93,12 +76,25 @@ def _check_exclusions(
     search_groups: object,
     query: Tensor,
     gallery: Tensor,
+    one_set: bool = False,
 ) -> Exclusions:
+    """The checked rules; ``one_set``: ids come as one tensor for the set searched against itself."""
     n_query, n_gallery, device = query.shape[0], gallery.shape[0], query.device
-    seq = None if sequence_ids is None else _check_pair("sequence_ids", sequence_ids, n_query, n_gallery, device)
-    groups = None if search_groups is None else _check_pair("search_groups", search_groups, n_query, n_gallery, device)
     own = None if self_index is None else _check_self_index(self_name, self_index, n_query, n_gallery, device)
+    seq = _check_id_rule("sequence_ids", sequence_ids, n_query, n_gallery, device, one_set)
+    groups = _check_id_rule("search_groups", search_groups, n_query, n_gallery, device, one_set)
     return Exclusions(self_index=own, sequence_ids=seq, search_groups=groups)
+
+
+def _check_id_rule(
+    name: str, value: object, n_query: int, n_gallery: int, device: torch.device, one_set: bool
+) -> tuple[Tensor, Tensor] | None:
+    if value is None or not one_set:
+        return check_id_pair(name, value, n_query, n_gallery, device)
+    if isinstance(value, tuple):
+        raise TypeError(f"`{name}` must be one tensor of shape (Q,) when `gallery` is None, got a tuple.")
+    ids = check_ids(name, value, n_query, "query").to(device)
+    return ids, ids
 
 
 def _check_query_gallery(query: object, gallery: object) -> tuple[Tensor, Tensor]:
@@ -163,20 +159,14 @@ def distance_blocks(
     check_choice("distance", distance, DISTANCES)
     if chunk_size is not None:
         check_positive_int("chunk_size", chunk_size)
+    if not isinstance(exact, bool):
+        raise TypeError(f"`exact` must be a bool, got {describe(exact)}.")
     exclusions = _check_exclusions("self_index", self_index, sequence_ids, search_groups, query, gallery)
     # Validation runs now; the blocks are computed lazily.
     return iter_blocks(query, gallery, distance, exclusions, chunk_size, exact)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-
-
-def _as_pair(name: str, value: Tensor | tuple[Tensor, Tensor] | None, has_gallery: bool) -> object:
-    if value is None or has_gallery:
-        return value
-    if isinstance(value, tuple):
-        raise TypeError(f"`{name}` must be one tensor of shape (Q,) when `gallery` is None, got a tuple.")
-    return (value, value)
 
 
 def _self_index(exclude_self: object, query: Tensor, gallery: Tensor | None) -> Tensor | None:
@@ -347,10 +337,11 @@ def _checked_search(
     exclusions = _check_exclusions(
         "exclude_self",
         _self_index(exclude_self, query, gallery),
-        _as_pair("sequence_ids", sequence_ids, not same_set),
-        _as_pair("search_groups", search_groups, not same_set),
+        sequence_ids,
+        search_groups,
         query,
         gallery_,
+        one_set=same_set,
     )
     problem = make_problem(query, gallery_, distance, exclusions, same_set)
     return Search.prepare(problem, k, backend=backend, chunk_size=chunk_size, exact_distances=exact_distances)

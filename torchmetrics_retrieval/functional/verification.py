@@ -90,10 +90,13 @@ def _checked_problem(
     sequence_ids: PairedIds | None,
     search_groups: PairedIds | None,
     distance: str,
+    label_comparison_fn: LabelComparisonFn | None,
     chunk_size: int | None,
 ) -> QueryGallery:
     """The one check of the inputs of :func:`fnmr_at_fmr` and :func:`det_curve`."""
     check_choice("distance", distance, DISTANCES)
+    if label_comparison_fn is not None and not callable(label_comparison_fn):
+        raise TypeError(f"`label_comparison_fn` must be callable or None, got {describe(label_comparison_fn)}.")
     if chunk_size is not None:
         check_positive_int("chunk_size", chunk_size)
     return split_query_gallery(
@@ -225,6 +228,7 @@ def fnmr_at_fmr(
         sequence_ids,
         search_groups,
         distance,
+        label_comparison_fn,
         chunk_size,
     )
     fnmr = pair_curve(qg, fractions, distance, label_comparison_fn, chunk_size).fnmr.to(torch.float32)
@@ -274,6 +278,7 @@ def det_curve(
         sequence_ids,
         search_groups,
         distance,
+        label_comparison_fn,
         chunk_size,
     )
     points = pair_curve(qg, fractions, distance, label_comparison_fn, chunk_size)
