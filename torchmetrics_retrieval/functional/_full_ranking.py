@@ -19,10 +19,11 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._search.blocks import iter_blocks
 from torchmetrics_retrieval.functional._search.keys import order_key
 from torchmetrics_retrieval.functional._sets import QueryGallery
-from torchmetrics_retrieval.functional.relevance import LabelComparisonFn, label_match
+from torchmetrics_retrieval.functional.relevance import label_match
 
 __all__ = ["relevant_ranks"]
 
@@ -30,9 +31,7 @@ _PAD = torch.iinfo(torch.int64).max
 _BUDGET_ENTRIES = 1 << 24  # rows x max n(q) held at once
 
 
-def _ranks_of_chunk(
-    qg: QueryGallery, n_max: int, distance: str, label_comparison_fn: LabelComparisonFn | None, chunk_size: int | None
-) -> Tensor:
+def _ranks_of_chunk(qg: QueryGallery, n_max: int, options: RetrievalOptions) -> Tensor:
     n_rows = qg.query.shape[0]
     device = qg.query.device
     keys = torch.full((n_rows, n_max + 1), _PAD, dtype=torch.int64, device=device)
@@ -41,10 +40,10 @@ def _ranks_of_chunk(
     def blocks() -> Iterator[tuple[slice, Tensor, Tensor, Tensor]]:
         """(query rows, sort keys, relevant and eligible, non-relevant and eligible) of every block."""
         # exact: the distances knn reports, so ties are ordered as in the retrieved lists
-        tiles = iter_blocks(qg.query, qg.gallery, distance, qg.exclusions(), chunk_size, exact=True)
+        tiles = iter_blocks(qg.query, qg.gallery, options.distance, qg.exclusions(), options.chunk_size, exact=True)
         for block in tiles:
             qs, gs = block.query_slice, block.gallery_slice
-            relevant = label_match(qg.query_labels[qs], qg.gallery_labels[gs], label_comparison_fn)
+            relevant = label_match(qg.query_labels[qs], qg.gallery_labels[gs], options.label_comparison_fn)
             eligible = block.eligible if block.eligible is not None else torch.ones_like(relevant)
             positions = torch.arange(gs.start, gs.stop, device=device)
             yield qs, order_key(block.distances, positions[None, :]), relevant & eligible, ~relevant & eligible
@@ -68,13 +67,7 @@ def _ranks_of_chunk(
 
 
 def relevant_ranks(
-    qg: QueryGallery,
-    n_relevant: Tensor,
-    *,
-    distance: str,
-    label_comparison_fn: LabelComparisonFn | None = None,
-    max_relevant: int | None = None,
-    chunk_size: int | None = None,
+    qg: QueryGallery, n_relevant: Tensor, options: RetrievalOptions, max_relevant: int | None = None
 ) -> Tensor:
     """1-based ranks of the first ``max_relevant`` relevant items of every query of ``qg`` in its full ranking.
 
@@ -91,7 +84,7 @@ def relevant_ranks(
     kept = n_max if max_relevant is None else min(max_relevant, n_max)
     rows = max(1, _BUDGET_ENTRIES // (n_max + 1))
     chunks = [
-        _ranks_of_chunk(qg.take(part), n_max, distance, label_comparison_fn, chunk_size)[:, :kept]
+        _ranks_of_chunk(qg.take(part), n_max, options)[:, :kept]
         for part in torch.arange(n_query, device=qg.query.device).split(rows)
     ]
     return torch.cat(chunks)

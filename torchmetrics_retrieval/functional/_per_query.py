@@ -174,25 +174,17 @@ def _mrr(qg: QueryGallery, options: RetrievalOptions, within_k: Tensor, n_releva
     values = within_k.clone()
     beyond = torch.nonzero((values == 0) & (n_relevant > 0)).flatten()
     if beyond.numel():
-        first = relevant_ranks(qg.take(beyond), n_relevant[beyond], max_relevant=1, **_rank_options(options))
+        first = relevant_ranks(qg.take(beyond), n_relevant[beyond], options, max_relevant=1)
         values[beyond] = 1.0 / first[:, 0].to(values.dtype)
     return values
 
 
 def _average_precision(qg: QueryGallery, options: RetrievalOptions, n_relevant: Tensor) -> Tensor:
     """Exact full-ranking average precision from the ranks of every relevant item."""
-    ranks = relevant_ranks(qg, n_relevant, **_rank_options(options)).to(torch.float64)
+    ranks = relevant_ranks(qg, n_relevant, options).to(torch.float64)
     position = torch.arange(1, ranks.shape[1] + 1, device=ranks.device, dtype=torch.float64)
     precision = torch.where(ranks > 0, position[None, :] / ranks.clamp(min=1), torch.zeros_like(ranks))
     return (precision.sum(dim=1) / n_relevant.clamp(min=1)).to(torch.float32)
-
-
-def _rank_options(options: RetrievalOptions) -> dict[str, object]:
-    return {
-        "distance": options.distance,
-        "label_comparison_fn": options.label_comparison_fn,
-        "chunk_size": options.chunk_size,
-    }
 
 
 def per_query(qg: QueryGallery, options: RetrievalOptions, keep_neighbours: bool) -> RetrievalResult:

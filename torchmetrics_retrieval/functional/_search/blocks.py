@@ -53,7 +53,7 @@ def iter_blocks(
                 g_sq = None if gallery_sq is None else gallery_sq[g_slice]
                 with ieee_float32_matmul():  # not inside a yield: the consumer runs with its own settings
                     d = block_distances(q, q_sq, gallery_prepared[g_slice], g_sq, distance)
-            eligible = exclusions.eligible(q_slice, g_slice, tuple(d.shape), query.device)
+            eligible = exclusions.eligible(q_slice, g_slice, (d.shape[0], d.shape[1]), query.device)
             if eligible is not None:
                 d.masked_fill_(~eligible, float("inf"))
             yield DistanceBlock(q_slice, g_slice, d, eligible)

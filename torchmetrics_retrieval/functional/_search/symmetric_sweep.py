@@ -72,7 +72,7 @@ class SymmetricSweep:
     one sample pass when the sweep is created.
 
     Example:
-        >>> from torchmetrics_retrieval.functional._stream_topk import product_keys
+        >>> from torchmetrics_retrieval.functional._search.stream_topk import product_keys
         >>> x = torch.randn(5000, 8)
         >>> sweep = SymmetricSweep(product_keys(x, -x), 5000, 10, lambda keys, rows, cols: None,
         ...                        rows_per_chunk=512, cols_per_block=1024, spill_bytes=2**20, group_rows=1024)
