@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.compat.pml._functions import get_label_match_counts, nan_accuracy
-from torchmetrics_retrieval.compat.pml._inputs import as_numpy, check_inputs, row_codes, v1_order
+from torchmetrics_retrieval.compat.pml._inputs import as_device, as_numpy, check_inputs, row_codes, v1_order
 from torchmetrics_retrieval.compat.pml._search import ExactKNN, KMeans, KMeansFunc, KNNFunc
 from torchmetrics_retrieval.compat.pml._values import (
     EQUALITY,
@@ -23,7 +23,7 @@ from torchmetrics_retrieval.compat.pml._values import (
     reduce_values,
     relevant_counts,
 )
-from torchmetrics_retrieval.functional._options import check_option
+from torchmetrics_retrieval.functional._options import BOOL, check_option
 from torchmetrics_retrieval.functional.relevance import count_relevant, relevance_matrix
 
 __all__ = ["AccuracyCalculator"]
@@ -98,14 +98,14 @@ class AccuracyCalculator:
         self.original_function_dict = self.get_function_dict(include, exclude)
         self.curr_function_dict = self.get_function_dict()
 
+        check_option("avg_of_avgs", avg_of_avgs)
+        BOOL.check("return_per_class", return_per_class)
         if avg_of_avgs and return_per_class:
             raise ValueError("avg_of_avgs and return_per_class are mutually exclusive")
         self.avg_of_avgs = avg_of_avgs
         self.return_per_class = return_per_class
 
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
+        self.device = as_device(device)
         self.knn_func: KNNFunc = ExactKNN() if knn_func is None else knn_func
         self.kmeans_func: KMeansFunc = KMeans() if kmeans_func is None else kmeans_func
 

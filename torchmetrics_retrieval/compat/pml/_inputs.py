@@ -14,7 +14,35 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional._checks import check_embeddings, describe
 
-__all__ = ["as_embeddings", "as_labels", "as_numpy", "check_inputs", "locate_rows", "row_codes", "v1_order"]
+__all__ = [
+    "as_device",
+    "as_embeddings",
+    "as_labels",
+    "as_numpy",
+    "check_inputs",
+    "locate_rows",
+    "row_codes",
+    "v1_order",
+]
+
+
+def as_device(device: torch.device | str | None) -> torch.device:
+    """``device`` as a ``torch.device``; None: CUDA if available, else CPU.
+
+    Example:
+        >>> as_device("gpu7")
+        Traceback (most recent call last):
+            ...
+        ValueError: `device` must be a torch.device or a device string such as 'cpu' or 'cuda:0', got 'gpu7'.
+    """
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(
+            f"`device` must be a torch.device or a device string such as 'cpu' or 'cuda:0', got {device!r}."
+        ) from error
 
 
 def _as_tensor(name: str, value: Any) -> Tensor:
