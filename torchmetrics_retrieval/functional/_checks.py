@@ -15,13 +15,20 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "check_bool",
+    "check_callable",
     "check_choice",
+    "check_counts",
     "check_embeddings",
     "check_fractions",
+    "check_id_pair",
+    "check_ids",
+    "check_label_shape",
     "check_labels",
     "check_mask",
     "check_positive_int",
     "check_same_length",
+    "check_self_index",
     "check_top_k",
     "describe",
 ]
@@ -102,13 +109,14 @@ def check_embeddings(name: str, value: Any, *, allow_empty: bool = False) -> Ten
     return value
 
 
-def check_labels(name: str, value: Any, n_rows: int, rows_name: str) -> Tensor:
-    """Labels: a 1-D or 2-D tensor with ``n_rows`` rows, any dtype (no casting)."""
+def check_labels(name: str, value: Any, n_rows: int | None, rows_name: str = "") -> Tensor:
+    """Labels: a 1-D or 2-D tensor with ``n_rows`` rows (any number when None), any dtype (no casting)."""
     if not isinstance(value, Tensor):
         raise TypeError(f"`{name}` must be a torch.Tensor of shape (N,) or (N, L), got {describe(value)}.")
     if value.ndim not in (1, 2):
         raise ValueError(f"`{name}` must be 1-D or 2-D, got {describe(value)}.")
-    check_same_length(name, value, n_rows, rows_name)
+    if n_rows is not None:
+        check_same_length(name, value, n_rows, rows_name)
     if value.is_floating_point() and not bool(torch.isfinite(value).all()):
         raise ValueError(f"`{name}` must be finite, got NaN or inf in {describe(value)}.")
     return value
@@ -146,17 +154,74 @@ def check_ids(name: str, value: Any, n_rows: int, rows_name: str, *, integer: bo
 
 
 def check_id_pair(
-    name: str, value: Any, n_query: int, n_gallery: int, device: torch.device
+    name: str,
+    value: Any,
+    n_query: int,
+    n_gallery: int,
+    device: torch.device,
+    *,
+    sides: tuple[str, str] = ("query", "gallery"),
+    when: str = " when `gallery` is given",
 ) -> tuple[Tensor, Tensor] | None:
     """Ids given as a ``(query_side, gallery_side)`` pair for a query set and a separate gallery, on ``device``
-    (None stays None)."""
+    (None stays None). ``sides`` names the arguments whose rows each side follows; ``when`` ends the message
+    of a value that is not a pair."""
     if value is None:
         return None
     if not (isinstance(value, tuple) and len(value) == 2):
-        raise TypeError(
-            f"`{name}` must be a (query_side, gallery_side) pair of tensors when `gallery` is given, "
-            f"got {describe(value)}."
-        )
-    query_side = check_ids(f"{name}[0]", value[0], n_query, "query").to(device)
-    gallery_side = check_ids(f"{name}[1]", value[1], n_gallery, "gallery").to(device)
+        raise TypeError(f"`{name}` must be a (query_side, gallery_side) pair of tensors{when}, got {describe(value)}.")
+    query_side = check_ids(f"{name}[0]", value[0], n_query, sides[0]).to(device)
+    gallery_side = check_ids(f"{name}[1]", value[1], n_gallery, sides[1]).to(device)
     return query_side, gallery_side
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """Return ``value`` if it is a bool (not merely truthy)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"`{name}` must be a bool, got {describe(value)}.")
+    return value
+
+
+def check_callable(name: str, value: Any) -> Any:
+    """Return ``value`` if it is callable or None."""
+    if value is not None and not callable(value):
+        raise TypeError(f"`{name}` must be callable or None, got {describe(value)}.")
+    return value
+
+
+def check_label_shape(name: str, value: Tensor, other: Tensor, other_name: str) -> None:
+    """Labels compared with other labels: the same label shape (``()`` for 1-D, ``(L,)`` for 2-D)."""
+    if value.shape[1:] != other.shape[1:]:
+        raise ValueError(
+            f"`{name}` must have the label shape {tuple(other.shape[1:])} of `{other_name}`, got {describe(value)}."
+        )
+
+
+def check_counts(name: str, value: Any, n_rows: int, rows_name: str) -> Tensor:
+    """Per-row counts (numbers of relevant or candidate items): a 1-D integer tensor with ``n_rows`` entries."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"`{name}` must be a 1-D integer torch.Tensor, got {describe(value)}.")
+    if value.ndim != 1:
+        raise ValueError(f"`{name}` must be 1-D, got {describe(value)}.")
+    if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+        raise TypeError(f"`{name}` must have an integer dtype, got {describe(value)}.")
+    check_same_length(name, value, n_rows, rows_name)
+    return value
+
+
+def check_self_index(name: str, value: Any, n_query: int, n_gallery: int, rows_name: str = "query") -> Tensor:
+    """Gallery position of each query, -1 when it is not in the gallery: a 1-D int64 tensor with ``n_query``
+    entries in ``[-1, n_gallery)`` (one min/max pass)."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"`{name}` must be an int64 tensor of shape (Q,), got {describe(value)}.")
+    if value.dtype != torch.int64:
+        raise TypeError(f"`{name}` must have dtype torch.int64, got {describe(value)}.")
+    if value.ndim != 1:
+        raise ValueError(f"`{name}` must be 1-D of shape (Q,), got {describe(value)}.")
+    check_same_length(name, value, n_query, rows_name)
+    if value.numel() and (int(value.min()) < -1 or int(value.max()) >= n_gallery):
+        raise ValueError(
+            f"`{name}` must hold gallery positions in [0, {n_gallery}) or -1, "
+            f"got values in [{int(value.min())}, {int(value.max())}]."
+        )
+    return value

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._checks import (
+    check_callable,
     check_embeddings,
     check_labels,
     check_positive_int,
@@ -58,16 +59,21 @@ def kmeans(embeddings: Tensor, n_clusters: int, *, seed: int = 0, n_iter: int = 
         >>> bool(ids[0] == ids[1]) and bool(ids[2] == ids[3]) and bool(ids[0] != ids[2])
         True
     """
-    import faiss
-
     check_embeddings("embeddings", embeddings)
     check_positive_int("n_clusters", n_clusters)
     check_positive_int("n_iter", n_iter)
     check_positive_int("n_redo", n_redo)
     seed = _check_seed(seed)
+    if n_clusters > embeddings.shape[0]:
+        raise ValueError(f"`n_clusters` must be at most the number of rows {embeddings.shape[0]}, got {n_clusters}.")
+    return _kmeans_compute(embeddings, n_clusters, seed, n_iter=n_iter, n_redo=n_redo)
+
+
+def _kmeans_compute(embeddings: Tensor, n_clusters: int, seed: int, *, n_iter: int, n_redo: int) -> Tensor:
+    """:func:`kmeans` of checked arguments."""
+    import faiss
+
     n, d = embeddings.shape
-    if n_clusters > n:
-        raise ValueError(f"`n_clusters` must be at most the number of rows {n}, got {n_clusters}.")
     x = np.ascontiguousarray(embeddings.detach().to("cpu", torch.float32).numpy())
     clustering = faiss.Clustering(d, n_clusters)
     clustering.niter = n_iter
@@ -115,10 +121,12 @@ def clustering_scores(
 
     check_embeddings("embeddings", embeddings)
     check_labels("labels", labels, embeddings.shape[0], "embeddings")
+    seed = _check_seed(seed)
+    check_callable("kmeans_fn", kmeans_fn)
     label_ids = _label_ids(labels).cpu().numpy()
     n_clusters = int(label_ids.max()) + 1
     if kmeans_fn is None:
-        clusters = kmeans(embeddings, n_clusters, seed=seed)
+        clusters = _kmeans_compute(embeddings, n_clusters, seed, n_iter=20, n_redo=1)
     else:
         clusters = kmeans_fn(embeddings, n_clusters)
         if not isinstance(clusters, Tensor) or clusters.shape != (embeddings.shape[0],):

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._checks import (
+    check_bool,
     check_embeddings,
     check_positive_int,
     check_top_k,
@@ -165,7 +166,8 @@ def contrastive_accuracy(
         An int ``top_k``: a 0-dim float32 tensor. Several: ``{"contrastive_accuracy/{k}": tensor}``.
 
     Raises:
-        TypeError, ValueError: non-tensors, shapes that differ or are not 2-D, NaN/inf, ``k < 1``.
+        TypeError, ValueError: non-tensors, shapes that differ or are not 2-D, NaN/inf, ``k < 1``,
+            ``normalize`` not a bool.
 
     Example:
         >>> z1 = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
@@ -177,6 +179,7 @@ def contrastive_accuracy(
     """
     single = isinstance(top_k, int) and not isinstance(top_k, bool)
     ks = check_top_k("top_k", top_k, allow_empty=False)
+    check_bool("normalize", normalize)
     z1, z2 = _check_inputs(z1, z2, eps, chunk_size)
     dtype = torch.promote_types(torch.promote_types(z1.dtype, z2.dtype), torch.float32)
     a = _prepare(z1, dtype, normalize, float(eps))

@@ -24,17 +24,20 @@ Definitions (see docs/definitions.md), with :math:`rel_i` the i-th column and
 A cutoff beyond the K columns uses all K columns (K is the gallery size when the gallery is
 smaller than the cutoff). Queries with n(q) = 0 get 0 here for every metric; whether they count
 is decided by the reduction (``empty_target_action``).
+
+Each public kernel checks its arguments (O(1): shapes, dtypes, cutoffs) and calls its private
+``_<name>_compute`` twin, which internal callers holding checked data call directly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._checks import check_choice, check_top_k, describe
+from torchmetrics_retrieval.functional._checks import check_choice, check_counts, check_top_k, describe
 
 __all__ = [
     "PrecisionMode",
@@ -53,21 +56,23 @@ PrecisionMode = Literal["min_k_n", "standard"]
 TopK = int | Sequence[int]
 
 
-def _check_hits(is_relevant: Tensor, n_relevant: Tensor) -> None:
+def _check_is_relevant(is_relevant: object) -> Tensor:
     if not isinstance(is_relevant, Tensor) or is_relevant.dtype != torch.bool or is_relevant.ndim != 2:
         raise TypeError(f"`is_relevant` must be a 2-D bool tensor of shape (Q, K), got {describe(is_relevant)}.")
-    if not isinstance(n_relevant, Tensor) or n_relevant.ndim != 1 or n_relevant.is_floating_point():
-        raise TypeError(f"`n_relevant` must be a 1-D integer tensor of shape (Q,), got {describe(n_relevant)}.")
-    if n_relevant.shape[0] != is_relevant.shape[0]:
-        raise ValueError(
-            f"`n_relevant` must have {is_relevant.shape[0]} entries like `is_relevant`, got {describe(n_relevant)}."
-        )
+    return is_relevant
+
+
+def _check_hits(is_relevant: object, n_relevant: object, top_k: Any = None) -> None:
+    """The arguments of a kernel: the hit matrix, one count per row, the cutoffs (None: a kernel without)."""
+    n_query = _check_is_relevant(is_relevant).shape[0]
+    check_counts("n_relevant", n_relevant, n_query, "is_relevant")
+    if top_k is not None:
+        check_top_k("top_k", top_k, allow_empty=False)
 
 
 def _cutoffs(top_k: TopK, n_columns: int, device: torch.device) -> tuple[Tensor, Tensor, bool]:
-    """(requested cutoffs, column index of each cutoff, whether a single int was given)."""
+    """(requested cutoffs, column index of each cutoff, whether a single int was given) of checked cutoffs."""
     single = isinstance(top_k, int) and not isinstance(top_k, bool)
-    check_top_k("top_k", top_k, allow_empty=False)
     ks = [top_k] if single else list(top_k)  # type: ignore[arg-type]
     k = torch.tensor(ks, dtype=torch.long, device=device)
     return k, k.clamp(max=max(n_columns, 1)) - 1, single
@@ -115,7 +120,12 @@ def cmc_at_k(is_relevant: Tensor, n_relevant: Tensor, top_k: TopK) -> Tensor:
                 [0., 1.],
                 [0., 0.]])
     """
-    _check_hits(is_relevant, n_relevant)
+    _check_hits(is_relevant, n_relevant, top_k)
+    return _cmc_at_k_compute(is_relevant, n_relevant, top_k)
+
+
+def _cmc_at_k_compute(is_relevant: Tensor, n_relevant: Tensor, top_k: TopK) -> Tensor:
+    """:func:`cmc_at_k` of checked arguments."""
     _, columns, single = _cutoffs(top_k, is_relevant.shape[1], is_relevant.device)
     return (_at_cutoffs(_hit_counts(_up_to_last(is_relevant, columns)), columns, single) > 0).float()
 
@@ -132,8 +142,8 @@ def precision_at_k(
 
     ``mode="min_k_n"`` (open-metric-learning's definition, the default) divides by min(k, n(q)) so
     a perfect ranking scores 1 even when a query has fewer than k relevant items;
-    ``mode="standard"`` divides by min(k, |G(q)|), with |G(q)| given by ``n_candidates``
-    (default: k, i.e. every gallery holds at least k items).
+    ``mode="standard"`` divides by min(k, |G(q)|), with |G(q)| given by ``n_candidates``, a ``(Q,)``
+    integer tensor (default: k, i.e. every gallery holds at least k items).
 
     Example:
         >>> hits = torch.tensor([[True, True, True, False, False]])
@@ -142,8 +152,17 @@ def precision_at_k(
         >>> precision_at_k(hits, torch.tensor([3]), (3, 5), mode="standard")
         tensor([[1.0000, 0.6000]])
     """
-    _check_hits(is_relevant, n_relevant)
+    _check_hits(is_relevant, n_relevant, top_k)
     check_choice("mode", mode, ("min_k_n", "standard"))
+    if n_candidates is not None:
+        check_counts("n_candidates", n_candidates, is_relevant.shape[0], "is_relevant")
+    return _precision_at_k_compute(is_relevant, n_relevant, top_k, mode, n_candidates)
+
+
+def _precision_at_k_compute(
+    is_relevant: Tensor, n_relevant: Tensor, top_k: TopK, mode: PrecisionMode, n_candidates: Tensor | None
+) -> Tensor:
+    """:func:`precision_at_k` of checked arguments."""
     k, columns, single = _cutoffs(top_k, is_relevant.shape[1], is_relevant.device)
     found = _at_cutoffs(_hit_counts(_up_to_last(is_relevant, columns)), columns, single)
     size = n_relevant if mode == "min_k_n" else n_candidates
@@ -161,7 +180,12 @@ def recall_at_k(is_relevant: Tensor, n_relevant: Tensor, top_k: TopK) -> Tensor:
         >>> recall_at_k(torch.tensor([[True, False, True]]), torch.tensor([4]), (1, 3))
         tensor([[0.2500, 0.5000]])
     """
-    _check_hits(is_relevant, n_relevant)
+    _check_hits(is_relevant, n_relevant, top_k)
+    return _recall_at_k_compute(is_relevant, n_relevant, top_k)
+
+
+def _recall_at_k_compute(is_relevant: Tensor, n_relevant: Tensor, top_k: TopK) -> Tensor:
+    """:func:`recall_at_k` of checked arguments."""
     _, columns, single = _cutoffs(top_k, is_relevant.shape[1], is_relevant.device)
     found = _at_cutoffs(_hit_counts(_up_to_last(is_relevant, columns)), columns, single)
     return _safe_divide(found, _expand(n_relevant, single))
@@ -177,7 +201,12 @@ def map_at_k(is_relevant: Tensor, n_relevant: Tensor, top_k: TopK) -> Tensor:
                 [0.0000, 0.5000],
                 [0.0000, 0.0000]])
     """
-    _check_hits(is_relevant, n_relevant)
+    _check_hits(is_relevant, n_relevant, top_k)
+    return _map_at_k_compute(is_relevant, n_relevant, top_k)
+
+
+def _map_at_k_compute(is_relevant: Tensor, n_relevant: Tensor, top_k: TopK) -> Tensor:
+    """:func:`map_at_k` of checked arguments."""
     _, columns, single = _cutoffs(top_k, is_relevant.shape[1], is_relevant.device)
     hits = _up_to_last(is_relevant, columns)
     counts = _hit_counts(hits)
@@ -192,7 +221,12 @@ def ndcg_at_k(is_relevant: Tensor, n_relevant: Tensor, top_k: TopK) -> Tensor:
         >>> round(float(ndcg_at_k(torch.tensor([[False, True]]), torch.tensor([1]), 2)), 4)
         0.6309
     """
-    _check_hits(is_relevant, n_relevant)
+    _check_hits(is_relevant, n_relevant, top_k)
+    return _ndcg_at_k_compute(is_relevant, n_relevant, top_k)
+
+
+def _ndcg_at_k_compute(is_relevant: Tensor, n_relevant: Tensor, top_k: TopK) -> Tensor:
+    """:func:`ndcg_at_k` of checked arguments."""
     k, columns, single = _cutoffs(top_k, is_relevant.shape[1], is_relevant.device)
     n_columns = is_relevant.shape[1]
     discounts = 1.0 / torch.log2(_ranks(n_columns, is_relevant.device) + 1.0)
@@ -217,6 +251,11 @@ def map_at_r(is_relevant: Tensor, n_relevant: Tensor) -> Tensor:
         tensor([0.5556])
     """
     _check_hits(is_relevant, n_relevant)
+    return _map_at_r_compute(is_relevant, n_relevant)
+
+
+def _map_at_r_compute(is_relevant: Tensor, n_relevant: Tensor) -> Tensor:
+    """:func:`map_at_r` of checked arguments."""
     in_first_r = is_relevant & _within_first_r(is_relevant, n_relevant)
     counts = _hit_counts(in_first_r)
     precision_sum = (counts / _ranks(counts.shape[1], counts.device) * in_first_r).sum(dim=1)
@@ -231,6 +270,11 @@ def r_precision(is_relevant: Tensor, n_relevant: Tensor) -> Tensor:
         tensor([0.6667])
     """
     _check_hits(is_relevant, n_relevant)
+    return _r_precision_compute(is_relevant, n_relevant)
+
+
+def _r_precision_compute(is_relevant: Tensor, n_relevant: Tensor) -> Tensor:
+    """:func:`r_precision` of checked arguments."""
     found = (is_relevant & _within_first_r(is_relevant, n_relevant)).sum(dim=1, dtype=torch.float32)
     return _safe_divide(found, n_relevant)
 
@@ -246,6 +290,11 @@ def average_precision(is_relevant: Tensor, n_relevant: Tensor) -> Tensor:
         tensor([0.5833])
     """
     _check_hits(is_relevant, n_relevant)
+    return _average_precision_compute(is_relevant, n_relevant)
+
+
+def _average_precision_compute(is_relevant: Tensor, n_relevant: Tensor) -> Tensor:
+    """:func:`average_precision` of checked arguments."""
     counts = _hit_counts(is_relevant)
     precision_sum = (counts / _ranks(counts.shape[1], counts.device) * is_relevant).sum(dim=1)
     return _safe_divide(precision_sum, n_relevant)
@@ -258,8 +307,12 @@ def reciprocal_rank(is_relevant: Tensor) -> Tensor:
         >>> reciprocal_rank(torch.tensor([[False, False, True], [False, False, False]]))
         tensor([0.3333, 0.0000])
     """
-    if not isinstance(is_relevant, Tensor) or is_relevant.dtype != torch.bool or is_relevant.ndim != 2:
-        raise TypeError(f"`is_relevant` must be a 2-D bool tensor of shape (Q, K), got {describe(is_relevant)}.")
+    _check_is_relevant(is_relevant)
+    return _reciprocal_rank_compute(is_relevant)
+
+
+def _reciprocal_rank_compute(is_relevant: Tensor) -> Tensor:
+    """:func:`reciprocal_rank` of checked arguments."""
     if is_relevant.shape[1] == 0:
         return torch.zeros(is_relevant.shape[0], device=is_relevant.device)
     first = is_relevant.float().argmax(dim=1).float() + 1.0

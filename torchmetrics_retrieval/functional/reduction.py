@@ -8,7 +8,9 @@ Queries whose gallery holds no relevant item (n(q) = 0, "lone" queries) follow
 * ``"pos"``: counted with value 1;
 * ``"error"``: a ``ValueError``.
 
-Every reduction is vectorised over queries and labels (``torch.unique`` + ``index_add``).
+Every reduction is vectorised over queries and labels (``torch.unique`` + ``index_add``). Each public
+function checks its arguments (shapes and dtypes) and calls its private ``_<name>_compute`` twin, which
+internal callers holding checked data call directly.
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._checks import check_choice
+from torchmetrics_retrieval.functional._checks import (
+    check_bool,
+    check_choice,
+    check_counts,
+    check_labels,
+    check_mask,
+    describe,
+)
 
 __all__ = [
     "EMPTY_TARGET_ACTIONS",
@@ -30,8 +39,18 @@ __all__ = [
     "masked_mean",
 ]
 
+
 EmptyTargetAction = Literal["skip", "neg", "pos", "error"]
 EMPTY_TARGET_ACTIONS: tuple[str, ...] = ("skip", "neg", "pos", "error")
+
+
+def _check_values(values: object) -> Tensor:
+    """Per-query values: a ``(Q,)`` or ``(Q, T)`` tensor."""
+    if not isinstance(values, Tensor):
+        raise TypeError(f"`values` must be a torch.Tensor of shape (Q,) or (Q, T), got {describe(values)}.")
+    if values.ndim not in (1, 2):
+        raise ValueError(f"`values` must be 1-D or 2-D of shape (Q,) or (Q, T), got {describe(values)}.")
+    return values
 
 
 def apply_empty_target_action(
@@ -53,7 +72,16 @@ def apply_empty_target_action(
         >>> values.tolist(), counted.tolist()
         ([0.5, 1.0], [True, True])
     """
+    n_query = _check_values(values).shape[0]
+    check_counts("n_relevant", n_relevant, n_query, "values")
     check_choice("empty_target_action", empty_target_action, EMPTY_TARGET_ACTIONS)
+    return _apply_empty_target_action_compute(values, n_relevant, empty_target_action)
+
+
+def _apply_empty_target_action_compute(
+    values: Tensor, n_relevant: Tensor, empty_target_action: EmptyTargetAction
+) -> tuple[Tensor, Tensor]:
+    """:func:`apply_empty_target_action` of checked arguments (``"error"`` still raises on a lone query)."""
     lone = n_relevant == 0
     if empty_target_action == "skip":
         return values, ~lone
@@ -72,10 +100,30 @@ def apply_empty_target_action(
 def masked_mean(values: Tensor, counted: Tensor, *, name: str = "metric", warn: bool = True) -> Tensor:
     """Mean over the counted queries (along dim 0); NaN with a warning when no query counts.
 
+    Args:
+        values: ``(Q,)`` or ``(Q, T)`` per-query values.
+        counted: ``(Q,)`` bool mask of the queries that count.
+        name: the metric named by the warning.
+        warn: whether to warn when no query counts.
+
+    Returns:
+        A 0-dim tensor, or ``(T,)``.
+
     Example:
         >>> masked_mean(torch.tensor([1.0, 0.0, 0.5]), torch.tensor([True, False, True]))
         tensor(0.7500)
     """
+    check_mask("counted", counted, _check_values(values).shape[0], "values")
+    if not isinstance(name, str):
+        raise TypeError(f"`name` must be a str, got {describe(name)}.")
+    check_bool("warn", warn)
+    return _masked_mean_compute(values, counted, name=name, warn=warn, stacklevel=4)
+
+
+def _masked_mean_compute(
+    values: Tensor, counted: Tensor, *, name: str = "metric", warn: bool = True, stacklevel: int = 3
+) -> Tensor:
+    """:func:`masked_mean` of checked arguments; ``stacklevel`` of the warning counts from this function."""
     n_counted = int(counted.sum())
     if n_counted == 0:
         if warn:
@@ -83,7 +131,7 @@ def masked_mean(values: Tensor, counted: Tensor, *, name: str = "metric", warn: 
                 f"Every query was skipped for `{name}` (no query has a relevant item in its gallery); "
                 "the value is NaN. Use `empty_target_action='neg'` or 'pos' to count such queries.",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=stacklevel,
             )
         return torch.full(values.shape[1:], float("nan"), dtype=values.dtype, device=values.device)
     return values[counted].sum(dim=0) / n_counted
@@ -112,6 +160,14 @@ def grouped_mean(values: Tensor, counted: Tensor, groups: Tensor) -> tuple[Tenso
         >>> groups.tolist(), means.tolist(), ok.tolist()
         ([4, 9], [0.5, 0.5], [True, True])
     """
+    n_query = _check_values(values).shape[0]
+    check_mask("counted", counted, n_query, "values")
+    check_labels("groups", groups, n_query, "values")
+    return _grouped_mean_compute(values, counted, groups)
+
+
+def _grouped_mean_compute(values: Tensor, counted: Tensor, groups: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`grouped_mean` of checked arguments."""
     distinct, ids = _group_ids(groups)
     n_groups = distinct.shape[0]
     weights = counted.to(values.dtype)

@@ -6,6 +6,9 @@ int64 labels above 2**24 never collide. A custom ``label_comparison_fn`` follows
 pytorch-metric-learning's convention: it is called on broadcast tensors,
 ``fn(query_labels[:, None], gallery_labels[None, :])`` (2-D labels keep their last dimension), and
 must return a bool tensor of the broadcast shape (without the label dimension).
+
+Each public function checks its arguments (cheap shape and dtype checks, one min/max for positions) and
+calls its private ``_<name>_compute`` twin, which internal callers holding checked data call directly.
 """
 
 from __future__ import annotations
@@ -15,7 +18,15 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._checks import describe
+from torchmetrics_retrieval.functional._checks import (
+    check_callable,
+    check_id_pair,
+    check_label_shape,
+    check_labels,
+    check_same_length,
+    check_self_index,
+    describe,
+)
 from torchmetrics_retrieval.functional._search.types import Exclusions
 
 __all__ = ["LabelComparisonFn", "count_relevant", "label_match", "relevance_matrix"]
@@ -35,6 +46,15 @@ def _checked_match(result: Tensor, shape: tuple[int, ...]) -> Tensor:
     return result
 
 
+def _check_label_pair(query_labels: object, gallery_labels: object, label_comparison_fn: object) -> None:
+    """Both sides 1-D or 2-D, finite; the same label shape unless a custom comparison decides."""
+    query_labels = check_labels("query_labels", query_labels, None)
+    gallery_labels = check_labels("gallery_labels", gallery_labels, None)
+    check_callable("label_comparison_fn", label_comparison_fn)
+    if label_comparison_fn is None:
+        check_label_shape("gallery_labels", gallery_labels, query_labels, "query_labels")
+
+
 def label_match(
     query_labels: Tensor, gallery_labels: Tensor, label_comparison_fn: LabelComparisonFn | None = None
 ) -> Tensor:
@@ -42,17 +62,30 @@ def label_match(
 
     Args:
         query_labels: ``(q,)`` or ``(q, L)`` labels.
-        gallery_labels: ``(g,)`` or ``(g, L)`` labels, same trailing shape and a comparable dtype.
+        gallery_labels: ``(g,)`` or ``(g, L)`` labels, same label shape (unless ``label_comparison_fn`` is
+            given) and a comparable dtype.
         label_comparison_fn: optional custom comparison (see the module docstring).
 
     Returns:
         ``(q, g)`` bool tensor, True where the gallery item is relevant to the query.
+
+    Raises:
+        TypeError, ValueError: labels not 1-D or 2-D tensors, or NaN; label shapes that differ;
+            ``label_comparison_fn`` not callable or returning other than a ``(q, g)`` bool tensor.
 
     Example:
         >>> label_match(torch.tensor([1, 2]), torch.tensor([2, 2, 1]))
         tensor([[False, False,  True],
                 [ True,  True, False]])
     """
+    _check_label_pair(query_labels, gallery_labels, label_comparison_fn)
+    return _label_match_compute(query_labels, gallery_labels, label_comparison_fn)
+
+
+def _label_match_compute(
+    query_labels: Tensor, gallery_labels: Tensor, label_comparison_fn: LabelComparisonFn | None
+) -> Tensor:
+    """:func:`label_match` of checked labels (the result of a custom comparison is still checked)."""
     shape = (query_labels.shape[0], gallery_labels.shape[0])
     if label_comparison_fn is not None:
         return _checked_match(label_comparison_fn(query_labels[:, None], gallery_labels[None, :]), shape)
@@ -71,16 +104,58 @@ def relevance_matrix(
 
     Args:
         query_labels: ``(Q,)`` or ``(Q, L)`` labels of the queries.
-        gallery_labels: ``(G,)`` or ``(G, L)`` labels of the gallery.
-        indices: ``(Q, K)`` gallery positions of the retrieved items.
+        gallery_labels: ``(G,)`` or ``(G, L)`` labels of the gallery (the label shape of ``query_labels``
+            unless ``label_comparison_fn`` is given).
+        indices: ``(Q, K)`` integer gallery positions of the retrieved items, in ``[0, G)``.
         valid: optional ``(Q, K)`` bool; invalid slots are never relevant.
         label_comparison_fn: optional custom comparison, called as ``fn(query_labels[:, None], retrieved_labels)``.
+
+    Returns:
+        ``(Q, K)`` bool tensor.
+
+    Raises:
+        TypeError, ValueError: bad labels (as :func:`label_match`); ``indices`` not a 2-D integer tensor with
+            one row per query and positions in ``[0, G)``; ``valid`` not a bool tensor of the shape of ``indices``.
 
     Example:
         >>> relevance_matrix(torch.tensor([1, 2]), torch.tensor([2, 2, 1]), torch.tensor([[2, 0], [1, 2]]))
         tensor([[ True, False],
                 [ True, False]])
     """
+    _check_label_pair(query_labels, gallery_labels, label_comparison_fn)
+    _check_retrieved(indices, valid, query_labels.shape[0], gallery_labels.shape[0])
+    return _relevance_matrix_compute(query_labels, gallery_labels, indices, valid, label_comparison_fn)
+
+
+def _check_retrieved(indices: object, valid: object, n_query: int, n_gallery: int) -> None:
+    if not isinstance(indices, Tensor):
+        raise TypeError(f"`indices` must be an integer torch.Tensor of shape (Q, K), got {describe(indices)}.")
+    if indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool:
+        raise TypeError(f"`indices` must have an integer dtype, got {describe(indices)}.")
+    if indices.ndim != 2:
+        raise ValueError(f"`indices` must be 2-D of shape (Q, K), got {describe(indices)}.")
+    check_same_length("indices", indices, n_query, "query_labels")
+    if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= n_gallery):
+        raise ValueError(
+            f"`indices` must hold gallery positions in [0, {n_gallery}) like the rows of `gallery_labels`, "
+            f"got values in [{int(indices.min())}, {int(indices.max())}]."
+        )
+    if valid is None:
+        return
+    if not isinstance(valid, Tensor) or valid.dtype != torch.bool:
+        raise TypeError(f"`valid` must be a bool torch.Tensor, got {describe(valid)}.")
+    if valid.shape != indices.shape:
+        raise ValueError(f"`valid` must have the shape {tuple(indices.shape)} of `indices`, got {describe(valid)}.")
+
+
+def _relevance_matrix_compute(
+    query_labels: Tensor,
+    gallery_labels: Tensor,
+    indices: Tensor,
+    valid: Tensor | None,
+    label_comparison_fn: LabelComparisonFn | None,
+) -> Tensor:
+    """:func:`relevance_matrix` of checked arguments (the result of a custom comparison is still checked)."""
     retrieved = gallery_labels[indices]
     if label_comparison_fn is not None:
         hits = _checked_match(label_comparison_fn(query_labels[:, None], retrieved), tuple(indices.shape))
@@ -141,14 +216,48 @@ def count_relevant(
     With the default comparison the counts come from a sort-based encoding of the labels (no
     query x gallery pairs); a custom ``label_comparison_fn`` is evaluated block by block.
 
+    Args:
+        query_labels: ``(Q,)`` or ``(Q, L)`` labels of the queries.
+        gallery_labels: ``(G,)`` or ``(G, L)`` labels of the gallery (the label shape of ``query_labels``
+            unless ``label_comparison_fn`` is given).
+        self_index: optional ``(Q,)`` int64 gallery position of each query, -1 when it is not in the gallery.
+        sequence_ids: optional ``(query side (Q,), gallery side (G,))`` pair of integer ids.
+        search_groups: optional ``(query side (Q,), gallery side (G,))`` pair of integer ids.
+        label_comparison_fn: optional custom comparison (see the module docstring).
+
     Returns:
-        ``(Q,)`` int64 counts.
+        ``(Q,)`` int64 counts, on the device of ``query_labels``.
+
+    Raises:
+        TypeError, ValueError: bad labels (as :func:`label_match`); ``self_index``, ``sequence_ids`` or
+            ``search_groups`` not of the form above.
 
     Example:
         >>> labels = torch.tensor([7, 7, 7, 3])
         >>> count_relevant(labels, labels, self_index=torch.arange(4)).tolist()
         [2, 2, 2, 0]
     """
+    _check_label_pair(query_labels, gallery_labels, label_comparison_fn)
+    n_query, n_gallery, device = query_labels.shape[0], gallery_labels.shape[0], query_labels.device
+    if self_index is not None:
+        self_index = check_self_index("self_index", self_index, n_query, n_gallery, "query_labels").to(device)
+    sides = ("query_labels", "gallery_labels")
+    sequence_ids = check_id_pair("sequence_ids", sequence_ids, n_query, n_gallery, device, sides=sides, when="")
+    search_groups = check_id_pair("search_groups", search_groups, n_query, n_gallery, device, sides=sides, when="")
+    return _count_relevant_compute(
+        query_labels, gallery_labels, self_index, sequence_ids, search_groups, label_comparison_fn
+    )
+
+
+def _count_relevant_compute(
+    query_labels: Tensor,
+    gallery_labels: Tensor,
+    self_index: Tensor | None,
+    sequence_ids: tuple[Tensor, Tensor] | None,
+    search_groups: tuple[Tensor, Tensor] | None,
+    label_comparison_fn: LabelComparisonFn | None,
+) -> Tensor:
+    """:func:`count_relevant` of checked arguments, all on the device of ``query_labels``."""
     n_query = query_labels.shape[0]
     if self_index is None:
         self_index = torch.full((n_query,), -1, dtype=torch.long, device=query_labels.device)
@@ -164,7 +273,7 @@ def count_relevant(
         q1 = min(q0 + rows, n_query)
         for g0 in range(0, n_gallery, cols):
             g1 = min(g0 + cols, n_gallery)
-            match = label_match(query_labels[q0:q1], gallery_labels[g0:g1], label_comparison_fn)
+            match = _label_match_compute(query_labels[q0:q1], gallery_labels[g0:g1], label_comparison_fn)
             exclusions.fill_excluded_(match, slice(q0, q1), slice(g0, g1), False)
             counts[q0:q1] += match.sum(dim=1)
     return counts

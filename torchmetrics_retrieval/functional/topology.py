@@ -53,13 +53,18 @@ def covariance_sums(embeddings: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         >>> count.item(), total.tolist(), outer.tolist()
         (2, [2.0, 2.0], [[2.0, 2.0], [2.0, 4.0]])
     """
-    x = check_embeddings("embeddings", embeddings, allow_empty=True).to(torch.float64)
+    return _covariance_sums_compute(check_embeddings("embeddings", embeddings, allow_empty=True))
+
+
+def _covariance_sums_compute(embeddings: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`covariance_sums` of checked embeddings."""
+    x = embeddings.to(torch.float64)
     count = torch.tensor(x.shape[0], dtype=torch.int64, device=x.device)
     return count, x.sum(dim=0), x.T @ x
 
 
 def _check_sums(count: Tensor, total: Tensor, outer_sum: Tensor) -> int:
-    """Validate the three sums and return the row count as an int."""
+    """Validate the three sums and return the row count as an int (at least 2)."""
     for name, value in (("count", count), ("sum", total), ("outer_sum", outer_sum)):
         if not isinstance(value, Tensor):
             raise TypeError(f"`{name}` must be a torch.Tensor, got {describe(value)}.")
@@ -69,7 +74,7 @@ def _check_sums(count: Tensor, total: Tensor, outer_sum: Tensor) -> int:
         raise ValueError(f"`sum` must be (d,) and `outer_sum` (d, d), got {describe(total)} and {describe(outer_sum)}.")
     n = int(count.item())
     if n < 2:
-        raise ValueError(f"PCF needs at least 2 samples, got {n}.")
+        raise ValueError(f"`count` must be at least 2: PCF needs at least 2 samples, got {n}.")
     return n
 
 
@@ -102,11 +107,19 @@ def pcf_from_sums(count: Tensor, sum: Tensor, outer_sum: Tensor, pcf_variance: I
     """
     fractions = check_fractions("pcf_variance", pcf_variance)
     n = _check_sums(count, sum, outer_sum)
+    return _pcf_from_sums_compute(n, sum, outer_sum, fractions, stacklevel=3)
+
+
+def _pcf_from_sums_compute(
+    n: int, sum: Tensor, outer_sum: Tensor, fractions: tuple[float, ...], stacklevel: int = 2
+) -> Tensor:
+    """:func:`pcf_from_sums` of checked sums of ``n >= 2`` rows and checked fractions; ``stacklevel`` of the
+    zero-variance warning counts from this function."""
     d = sum.shape[0]
     eigenvalues = _sorted_eigenvalues(n, sum, outer_sum)
     variance = float(eigenvalues.sum())
     if variance <= 0.0:
-        warnings.warn("PCF is NaN: every embedding is the same (zero variance).", UserWarning, stacklevel=2)
+        warnings.warn("PCF is NaN: every embedding is the same (zero variance).", UserWarning, stacklevel=stacklevel)
         return torch.full((len(fractions),), float("nan"), dtype=torch.float32, device=sum.device)
     shares = eigenvalues.cumsum(0) / variance
     shares[-1] = 1.0
@@ -145,7 +158,20 @@ def pcf(embeddings: Tensor, pcf_variance: Iterable[float] = (0.5,)) -> Tensor:
         >>> pcf(torch.eye(4, 10), pcf_variance=(0.5, 1))
         tensor([0.2000, 0.5000])
     """
-    return pcf_from_sums(*covariance_sums(embeddings), pcf_variance=pcf_variance)
+    fractions = check_fractions("pcf_variance", pcf_variance)
+    x = check_embeddings("embeddings", embeddings, allow_empty=True)
+    if x.shape[0] < 2:
+        raise ValueError(
+            f"`embeddings` must have at least 2 rows: PCF needs at least 2 samples, got {x.shape[0]} ({describe(x)})."
+        )
+    return _pcf_compute(x, fractions, stacklevel=3)
+
+
+def _pcf_compute(embeddings: Tensor, fractions: tuple[float, ...], stacklevel: int = 2) -> Tensor:
+    """:func:`pcf` of checked embeddings (at least 2 rows) and checked fractions; ``stacklevel`` of the
+    zero-variance warning counts from this function."""
+    _, total, outer_sum = _covariance_sums_compute(embeddings)
+    return _pcf_from_sums_compute(embeddings.shape[0], total, outer_sum, fractions, stacklevel=stacklevel + 1)
 
 
 def alignment(x: Tensor, y: Tensor, alpha: float = 2.0) -> Tensor:
