@@ -23,7 +23,7 @@ from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._search.blocks import iter_blocks
 from torchmetrics_retrieval.functional._search.keys import order_key
 from torchmetrics_retrieval.functional._sets import QueryGallery
-from torchmetrics_retrieval.functional.relevance import label_match
+from torchmetrics_retrieval.functional.relevance import _label_match_compute
 
 __all__ = ["relevant_ranks"]
 
@@ -43,7 +43,7 @@ def _ranks_of_chunk(qg: QueryGallery, n_max: int, options: RetrievalOptions) -> 
         tiles = iter_blocks(qg.query, qg.gallery, options.distance, qg.exclusions(), options.chunk_size, exact=True)
         for block in tiles:
             qs, gs = block.query_slice, block.gallery_slice
-            relevant = label_match(qg.query_labels[qs], qg.gallery_labels[gs], options.label_comparison_fn)
+            relevant = _label_match_compute(qg.query_labels[qs], qg.gallery_labels[gs], options.label_comparison_fn)
             eligible = block.eligible if block.eligible is not None else torch.ones_like(relevant)
             positions = torch.arange(gs.start, gs.stop, device=device)
             yield qs, order_key(block.distances, positions[None, :]), relevant & eligible, ~relevant & eligible

@@ -26,8 +26,8 @@ from torchmetrics_retrieval.functional._search.problem import make_problem
 from torchmetrics_retrieval.functional._search.rounds import Search
 from torchmetrics_retrieval.functional._search.types import KNNResult
 from torchmetrics_retrieval.functional._sets import QueryGallery
-from torchmetrics_retrieval.functional.reduction import apply_empty_target_action
-from torchmetrics_retrieval.functional.relevance import count_relevant, relevance_matrix
+from torchmetrics_retrieval.functional.reduction import _apply_empty_target_action_compute
+from torchmetrics_retrieval.functional.relevance import _count_relevant_compute, _relevance_matrix_compute
 
 __all__ = ["RetrievalResult", "per_query"]
 
@@ -97,28 +97,28 @@ def _ranking_values(
     here is the reciprocal rank within K; :func:`_mrr` completes it)."""
     values: dict[str, Tensor] = {}
     kernels = (
-        ("cmc", options.cmc_top_k, lambda ks: ranking.cmc_at_k(is_relevant, n_relevant, ks)),
+        ("cmc", options.cmc_top_k, lambda ks: ranking._cmc_at_k_compute(is_relevant, n_relevant, ks)),
         (
             "precision",
             options.precision_top_k,
-            lambda ks: ranking.precision_at_k(
-                is_relevant, n_relevant, ks, mode=options.precision_mode, n_candidates=n_candidates
+            lambda ks: ranking._precision_at_k_compute(
+                is_relevant, n_relevant, ks, options.precision_mode, n_candidates
             ),
         ),
-        ("recall", options.recall_top_k, lambda ks: ranking.recall_at_k(is_relevant, n_relevant, ks)),
-        ("map", options.map_top_k, lambda ks: ranking.map_at_k(is_relevant, n_relevant, ks)),
-        ("ndcg", options.ndcg_top_k, lambda ks: ranking.ndcg_at_k(is_relevant, n_relevant, ks)),
+        ("recall", options.recall_top_k, lambda ks: ranking._recall_at_k_compute(is_relevant, n_relevant, ks)),
+        ("map", options.map_top_k, lambda ks: ranking._map_at_k_compute(is_relevant, n_relevant, ks)),
+        ("ndcg", options.ndcg_top_k, lambda ks: ranking._ndcg_at_k_compute(is_relevant, n_relevant, ks)),
     )
     for name, ks, kernel in kernels:
         if ks:
             table = kernel(ks)
             values.update(zip(_cutoff_keys(name, ks), table.unbind(dim=1), strict=True))
     if options.map_at_r:
-        values["map_at_r"] = ranking.map_at_r(is_relevant, n_relevant)
+        values["map_at_r"] = ranking._map_at_r_compute(is_relevant, n_relevant)
     if options.r_precision:
-        values["r_precision"] = ranking.r_precision(is_relevant, n_relevant)
+        values["r_precision"] = ranking._r_precision_compute(is_relevant, n_relevant)
     if options.mrr:
-        values["mrr"] = ranking.reciprocal_rank(is_relevant)
+        values["mrr"] = ranking._reciprocal_rank_compute(is_relevant)
     return values
 
 
@@ -129,7 +129,9 @@ def _search(qg: QueryGallery, options: RetrievalOptions, k: int, exact_distances
     if not exact_distances:  # the metrics need the relevance of each rank only, not the exact tie order
 
         def relevance(rows: Tensor, items: Tensor) -> Tensor:
-            return relevance_matrix(qg.query_labels[rows], qg.gallery_labels, items, None, options.label_comparison_fn)
+            return _relevance_matrix_compute(
+                qg.query_labels[rows], qg.gallery_labels, items, None, options.label_comparison_fn
+            )
 
     return Search.prepare(
         problem,
@@ -146,7 +148,7 @@ def _one_pass(
 ) -> tuple[dict[str, Tensor], KNNResult, Tensor]:
     """Values, neighbour table and hit matrix from one search of every query."""
     found = _search(qg, options, k, exact)(torch.arange(qg.query.shape[0], device=qg.query.device))
-    is_relevant = relevance_matrix(
+    is_relevant = _relevance_matrix_compute(
         qg.query_labels, qg.gallery_labels, found.indices, found.valid, options.label_comparison_fn
     )
     return _ranking_values(options, is_relevant, n_relevant, n_candidates), found, is_relevant
@@ -161,7 +163,7 @@ def _chunked(
     parts: list[dict[str, Tensor]] = []
     for rows in torch.arange(qg.query.shape[0], device=qg.query.device).split(rows_per_chunk):
         part = search(rows)
-        hits = relevance_matrix(
+        hits = _relevance_matrix_compute(
             qg.query_labels[rows], qg.gallery_labels, part.indices, part.valid, options.label_comparison_fn
         )
         parts.append(_ranking_values(options, hits, n_relevant[rows], n_candidates[rows]))
@@ -189,13 +191,13 @@ def _average_precision(qg: QueryGallery, options: RetrievalOptions, n_relevant: 
 
 def per_query(qg: QueryGallery, options: RetrievalOptions, keep_neighbours: bool) -> RetrievalResult:
     """Per-query values of a checked problem (what ``retrieval_per_query`` documents)."""
-    n_relevant = count_relevant(
+    n_relevant = _count_relevant_compute(
         qg.query_labels,
         qg.gallery_labels,
-        self_index=qg.self_index,
-        sequence_ids=qg.sequence_ids,
-        search_groups=qg.search_groups,
-        label_comparison_fn=options.label_comparison_fn,
+        qg.self_index,
+        qg.sequence_ids,
+        qg.search_groups,
+        options.label_comparison_fn,
     )
     n_query, device = qg.query.shape[0], qg.query.device
     n_candidates = qg.exclusions().count_eligible(n_query, qg.gallery.shape[0], device)  # |G(q)|
@@ -222,7 +224,7 @@ def per_query(qg: QueryGallery, options: RetrievalOptions, keep_neighbours: bool
         values["mrr"] = _mrr(qg, options, values["mrr"], n_relevant)
     if options.map_full:
         values["map"] = _average_precision(qg, options, n_relevant)
-    counted = apply_empty_target_action(torch.zeros(n_query), n_relevant, options.empty_target_action)[1]
+    counted = _apply_empty_target_action_compute(torch.zeros(n_query), n_relevant, options.empty_target_action)[1]
     return RetrievalResult(
         values=values,
         counted=counted,

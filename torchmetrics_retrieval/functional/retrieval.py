@@ -24,10 +24,10 @@ from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._per_query import RetrievalResult, per_query
 from torchmetrics_retrieval.functional._sets import PairedIds, QueryGallery, split_query_gallery
 from torchmetrics_retrieval.functional.reduction import (
-    apply_empty_target_action,
-    grouped_mean,
+    _apply_empty_target_action_compute,
+    _grouped_mean_compute,
+    _masked_mean_compute,
     label_names,
-    masked_mean,
 )
 
 __all__ = ["RetrievalOptions", "RetrievalResult", "retrieval_metrics", "retrieval_per_query"]
@@ -102,7 +102,7 @@ def _grouped_keys(keys: list[str], table: Tensor, counted: Tensor, groups: Tenso
 
     The loop only names the results: ``{key}/class/{label}`` or ``{category}/{key}``.
     """
-    distinct, means, has_counted = grouped_mean(table, counted, groups)
+    distinct, means, has_counted = _grouped_mean_compute(table, counted, groups)
     return {
         pattern.format(key=key, group=group): value
         for group, row, ok in zip(label_names(distinct), means.unbind(), has_counted.tolist(), strict=True)
@@ -117,14 +117,14 @@ def reduce_per_query(result: RetrievalResult, options: RetrievalOptions) -> dict
     if not result.values:
         return metrics
     keys = list(result.values)
-    table, counted = apply_empty_target_action(
+    table, counted = _apply_empty_target_action_compute(
         torch.stack([result.values[key] for key in keys], dim=1), result.n_relevant, options.empty_target_action
     )
     if options.avg_of_avgs:
-        _, means, has_counted = grouped_mean(table, counted, result.query_labels)
-        overall = masked_mean(means, has_counted, name=", ".join(keys))
+        _, means, has_counted = _grouped_mean_compute(table, counted, result.query_labels)
+        overall = _masked_mean_compute(means, has_counted, name=", ".join(keys))
     else:
-        overall = masked_mean(table, counted, name=", ".join(keys))
+        overall = _masked_mean_compute(table, counted, name=", ".join(keys))
     metrics.update(zip(keys, overall.unbind(), strict=True))
     if options.per_class:
         metrics.update(_grouped_keys(keys, table, counted, result.query_labels, "{key}/class/{group}"))

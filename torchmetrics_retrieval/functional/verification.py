@@ -27,7 +27,7 @@ from torchmetrics_retrieval.functional._pair_quantiles import Curve, PairBlock, 
 from torchmetrics_retrieval.functional._search.blocks import iter_blocks
 from torchmetrics_retrieval.functional._search.types import DISTANCES, Distance
 from torchmetrics_retrieval.functional._sets import PairedIds, QueryGallery, split_query_gallery
-from torchmetrics_retrieval.functional.relevance import LabelComparisonFn, label_match
+from torchmetrics_retrieval.functional.relevance import LabelComparisonFn, _label_match_compute
 
 __all__ = ["DEFAULT_FMR_GRID", "det_curve", "fnmr_at_fmr", "fnmr_at_fmr_from_distances"]
 
@@ -122,7 +122,7 @@ def pair_curve(
 
     def source() -> Iterator[PairBlock]:
         for block in iter_blocks(qg.query, qg.gallery, distance, qg.exclusions(), chunk_size, exact=False):
-            positive = label_match(
+            positive = _label_match_compute(
                 qg.query_labels[block.query_slice], qg.gallery_labels[block.gallery_slice], label_comparison_fn
             )
             yield PairBlock(block.distances, positive, block.eligible)
