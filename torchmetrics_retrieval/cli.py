@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._options import RetrievalOptions, option_fields
-from torchmetrics_retrieval.functional.retrieval import retrieval_metrics
+from torchmetrics_retrieval.functional.retrieval import evaluate
 
 __all__ = ["main"]
 
@@ -117,7 +117,8 @@ def _print_table(title: str, metrics: dict[str, Tensor], seconds: float, out: An
 
 def _run(title: str, embeddings: Tensor, labels: Tensor, args: argparse.Namespace, **sets: Any) -> int:
     start = time.perf_counter()
-    metrics = retrieval_metrics(embeddings.float(), labels, **sets, **args.options.as_dict())
+    gallery, gallery_labels = sets.get("gallery"), sets.get("gallery_labels")
+    metrics, _ = evaluate(embeddings.float(), labels, gallery, gallery_labels, args.options, keep_neighbours=False)
     seconds = time.perf_counter() - start
     if args.json:
         print(json.dumps({key: float(value) for key, value in metrics.items()}, indent=2))

@@ -249,6 +249,39 @@ def retrieval_metrics(
     opts = RetrievalOptions.create(**options)
     if not isinstance(return_per_query, bool):
         raise TypeError(f"`return_per_query` must be a bool, got {describe(return_per_query)}.")
+    metrics, result = evaluate(
+        query,
+        query_labels,
+        gallery,
+        gallery_labels,
+        opts,
+        is_query=is_query,
+        is_gallery=is_gallery,
+        sequence_ids=sequence_ids,
+        search_groups=search_groups,
+        categories=categories,
+        keep_neighbours=return_per_query,
+    )
+    return (metrics, result) if return_per_query else metrics
+
+
+def evaluate(
+    query: Tensor,
+    query_labels: Tensor,
+    gallery: Tensor | None,
+    gallery_labels: Tensor | None,
+    opts: RetrievalOptions,
+    *,
+    is_query: Tensor | None = None,
+    is_gallery: Tensor | None = None,
+    sequence_ids: PairedIds | None = None,
+    search_groups: PairedIds | None = None,
+    categories: Tensor | None = None,
+    keep_neighbours: bool = True,
+) -> tuple[dict[str, Tensor], RetrievalResult | None]:
+    """:func:`retrieval_metrics` with its options already checked (``EmbeddingMetrics`` and the command line
+    hold a :class:`RetrievalOptions`): the metrics and the per-query result (None without ranking metrics);
+    ``keep_neighbours`` as in :func:`retrieval_per_query`."""
     qg = split_query_gallery(  # the one check of the inputs; every stage below takes them as checked
         query,
         query_labels,
@@ -265,7 +298,7 @@ def retrieval_metrics(
     result = None
     metrics: dict[str, Tensor] = {}
     if opts.needs_ranking:
-        result = per_query(qg, opts, keep_neighbours=return_per_query)
+        result = per_query(qg, opts, keep_neighbours)
         metrics.update(reduce_per_query(result, opts))
     if opts.fmr_vals or opts.pcf_variance or opts.clustering:
         everything = _every_sample(qg, query if gallery is None else None, opts.normalize)
@@ -274,6 +307,6 @@ def retrieval_metrics(
         metrics.update(_extra_metrics(opts, qg, everything, labels, by_category))
     if not metrics and not opts.needs_ranking:
         warnings.warn(
-            "No metric was requested: every option that selects a metric is empty.", UserWarning, stacklevel=2
+            "No metric was requested: every option that selects a metric is empty.", UserWarning, stacklevel=3
         )
-    return (metrics, result) if return_per_query else metrics
+    return metrics, result

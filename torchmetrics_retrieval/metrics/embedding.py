@@ -10,7 +10,7 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional._checks import check_positive_int, describe
 from torchmetrics_retrieval.functional._options import option_fields
-from torchmetrics_retrieval.functional.retrieval import RetrievalOptions, RetrievalResult, retrieval_metrics
+from torchmetrics_retrieval.functional.retrieval import RetrievalOptions, RetrievalResult, evaluate
 from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator, upcast_half
 
 __all__ = ["EmbeddingMetrics"]
@@ -152,9 +152,7 @@ class EmbeddingMetrics(SampleAccumulator):
     def _compute_samples(self, fields: dict[str, Tensor | None], indexes: Tensor | None) -> dict[str, Tensor]:
         embeddings = upcast_half(cast(Tensor, fields.pop("embeddings")))  # never None: _collect raises first
         labels = cast(Tensor, fields.pop("labels"))
-        metrics, result = retrieval_metrics(
-            embeddings, labels, return_per_query=True, **fields, **self.options.as_dict()
-        )
+        metrics, result = evaluate(embeddings, labels, None, None, self.options, **cast(dict[str, Any], fields))
         self._per_query = result
         self._sample_indexes = indexes
         return {f"{self.prefix}{key}": value for key, value in metrics.items()}
