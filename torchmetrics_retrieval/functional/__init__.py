@@ -1,6 +1,7 @@
 """Stateless core: exact kNN, relevance, ranking kernels, reductions and the metrics built on them."""
 
 from torchmetrics_retrieval.functional.clustering import clustering_scores, kmeans
+from torchmetrics_retrieval.functional.comparison import compare_models
 from torchmetrics_retrieval.functional.contrastive import contrastive_accuracy
 from torchmetrics_retrieval.functional.ranking import (
     average_precision,
@@ -35,6 +36,7 @@ __all__ = [
     "average_precision",
     "clustering_scores",
     "cmc_at_k",
+    "compare_models",
     "contrastive_accuracy",
     "count_relevant",
     "covariance_sums",
