@@ -412,6 +412,20 @@ FUNCTIONS: dict[str, Entry] = {
         ],
     ),
     # contrastive
+    "F.compare_models": Entry(
+        F.compare_models,
+        {"per_query_a": torch.tensor([0.1, 0.5, 0.3]), "per_query_b": torch.tensor([0.2, 0.5, 0.6]), "n_resamples": 50},
+        [
+            bad("per_query_a not a tensor", "per_query_a", per_query_a=[0.1, 0.5, 0.3]),
+            bad("per_query_a 2-D", "per_query_a", per_query_a=torch.zeros(3, 1)),
+            bad("per_query_b length", "per_query_b", per_query_b=torch.tensor([0.1, 0.2])),
+            bad("per_query_b NaN", "per_query_b", per_query_b=torch.tensor([0.1, float("nan"), 0.3])),
+            bad("test unknown", "test", test="wilcoxon"),
+            bad("confidence_level 1", "confidence_level", confidence_level=1.0),
+            bad("n_resamples 0", "n_resamples", n_resamples=0),
+            bad("seed -1", "seed", seed=-1),
+        ],
+    ),
     "F.contrastive_accuracy": Entry(
         F.contrastive_accuracy,
         {"z1": X, "z2": X + 0.1},
