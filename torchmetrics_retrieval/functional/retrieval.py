@@ -229,12 +229,10 @@ def retrieval_metrics(
             metric is also reported per query category as ``{category}/{key}``.
         return_per_query: also return the :class:`RetrievalResult` (None when no ranking metric
             was asked for).
-        **options: the fields of :class:`RetrievalOptions`: ``cmc_top_k=(1, 5)``,
-            ``precision_top_k=(5,)``, ``map_top_k=(5,)``, ``recall_top_k=()``, ``ndcg_top_k=()``,
-            ``map_at_r``, ``r_precision``, ``mrr``, ``map_full``, ``clustering`` (all False),
-            ``fmr_vals=()``, ``pcf_variance=()``, ``distance="euclidean"``, ``normalize=False``,
-            ``precision_mode="min_k_n"``, ``empty_target_action="skip"``, ``avg_of_avgs``,
-            ``per_class``, ``label_comparison_fn=None``, ``knn_backend="auto"``, ``chunk_size=None``.
+        **options: the fields of :class:`RetrievalOptions`, each documented there with its default: the
+            cutoffs (``cmc_top_k=(1, 5)``, ``precision_top_k=(5,)``, ``map_top_k=(5,)``, ...), the switches of
+            the other metrics, ``distance``, the treatment of lone queries, the reductions and the search
+            backend.
 
     Returns:
         ``{key: 0-dim tensor}`` with the keys listed in the module docstring.
