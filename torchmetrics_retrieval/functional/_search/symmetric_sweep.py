@@ -24,7 +24,12 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._search import plan
-from torchmetrics_retrieval.functional._search.compiled.buffer import CompiledBuffer, load_kernels
+from torchmetrics_retrieval.functional._search.compiled.buffer import (
+    CompiledBuffer,
+    kernel_threads,
+    load_kernels,
+    marks,
+)
 from torchmetrics_retrieval.functional._search.stream_topk import KeyFn, MaskFn, sample_thresholds
 
 __all__ = ["SymmetricSweep", "window_groups"]
@@ -145,7 +150,7 @@ class SymmetricSweep:
         buffer = CompiledBuffer(self.kp, self.tau[g0:g1], self.width, self.memory)
         for offsets, items, keys in self.pending.pop(group, []):
             self.kernels.append_spilled(
-                buffer.keys, buffer.items, buffer.fill, buffer.tau, self.kp, offsets, items, keys
+                buffer.keys, buffer.items, buffer.fill, buffer.tau, self.kp, offsets, items, keys, kernel_threads()
             )
             self.spilled_bytes -= keys.nbytes + items.nbytes
         spilled_from = self.spilled_from.pop(group, set())
@@ -186,10 +191,9 @@ class SymmetricSweep:
         """Scan a block for its rows and spill its columns; when the lists would outgrow the budget, drop
         the group's whole spill and finish the block for its rows only."""
         values = block.detach().contiguous().numpy()
-        if buffer.passing.shape[0] < values.shape[1]:
-            buffer.passing = np.zeros(-(-values.shape[1] // 8) * 8, dtype=np.uint8)
+        buffer.passing = marks(buffer.passing, 1, values.shape[1])
         column_tau = self.column_tau[col0 : col0 + values.shape[1]]
-        state = (buffer.keys, buffer.items, buffer.fill, buffer.tau, self.kp, buffer.passing, column_tau)
+        state = (buffer.keys, buffer.items, buffer.fill, buffer.tau, self.kp, buffer.passing[0], column_tau)
         done = 0
         while True:
             part = values[done:]

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["CompiledBuffer", "load_kernels"]
+__all__ = ["CompiledBuffer", "kernel_threads", "load_kernels", "marks"]
 
 
 def load_kernels() -> ModuleType:
@@ -29,6 +29,30 @@ def load_kernels() -> ModuleType:
     from torchmetrics_retrieval.functional._search.compiled import kernels as compiled_kernels
 
     return compiled_kernels
+
+
+def kernel_threads() -> int:
+    """Threads of the compiled kernels: torch's intra-op thread count (what the user gave torch, e.g. with
+    ``torch.set_num_threads``), capped by numba's pool; numba's count is set to it.
+
+    Starting numba's OpenMP pool (its first ``set_num_threads``) resets the process's OpenMP thread count,
+    which torch reads as its own: torch's count is put back, so using the kernels never changes it.
+    """
+    import numba
+
+    torch_threads = torch.get_num_threads()
+    n_threads = max(1, min(torch_threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
+    numba.set_num_threads(n_threads)
+    if torch.get_num_threads() != torch_threads:
+        torch.set_num_threads(torch_threads)
+    return n_threads
+
+
+def marks(passing: np.ndarray, n_threads: int, n_cols: int) -> np.ndarray:
+    """Per-thread mark rows of at least ``n_cols`` entries in whole 8-byte words (``passing`` when it fits)."""
+    if passing.shape[0] >= n_threads and passing.shape[1] >= n_cols:
+        return passing
+    return np.zeros((n_threads, -(-n_cols // 8) * 8), dtype=np.uint8)
 
 
 class CompiledBuffer:
@@ -48,7 +72,7 @@ class CompiledBuffer:
         self.keys, self.items = memory[0][:n_rows, :width], memory[1][:n_rows, :width]
         self.fill = np.zeros(n_rows, dtype=np.int64)
         self.tau = tau.to(torch.float32).numpy().copy()
-        self.passing = np.zeros(0, dtype=np.uint8)  # per-entry marks of one block row, grown on demand
+        self.passing = np.zeros((0, 0), dtype=np.uint8)  # per-thread marks of one block row, grown on demand
         self.kernels = load_kernels()
 
     def filling(self, rows: slice) -> bool:
@@ -67,14 +91,13 @@ class CompiledBuffer:
 
     def _scan(self, rows: slice, block: Tensor, col0: int, columns: bool) -> None:
         values = block.detach().contiguous().numpy()
-        if self.passing.shape[0] < values.shape[1]:
-            self.passing = np.zeros(-(-values.shape[1] // 8) * 8, dtype=np.uint8)  # whole 8-byte words
+        self.passing = marks(self.passing, kernel_threads(), values.shape[1])
         state = (self.keys, self.items, self.fill, self.tau, self.kp, self.passing, columns)
         self.kernels.scan(values, rows.start, col0, *state)
 
     def result(self) -> tuple[Tensor, Tensor, Tensor]:
         """``(keys (R, kp), gallery positions (R, kp), floors (R,))`` as ``TorchBuffer.result``, each row
         sorted by (key, position)."""
-        self.kernels.finish(self.keys, self.items, self.fill, self.tau, self.kp)
+        self.kernels.finish(self.keys, self.items, self.fill, self.tau, self.kp, kernel_threads())
         keys = torch.from_numpy(self.keys[:, : self.kp].copy())
         return keys, torch.from_numpy(self.items[:, : self.kp]).long(), torch.from_numpy(self.tau.copy())

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from numba import prange
 
 jit = numba.njit(cache=True, nogil=True)
+#: Kernels parallel over rows (``prange``): the callers set numba's thread count from torch's (``buffer.threads``).
+pjit = numba.njit(cache=True, nogil=True, parallel=True)
 
 
 @jit
@@ -82,24 +85,17 @@ one, top_byte = np.uint64(1), np.uint64(56)
 
 
 @jit
-def scan(block, row0, col0, keys, items, fill, tau, kp, passing, columns):
-    # One pass over each block row: a vectorised compare marks the entries below their row's threshold
-    # (bit 1) and, with ``columns``, below their column's (bit 2); then only the 8-entry words with a
-    # mark are visited, mark by mark (lowest set bit first). Thresholds only fall, so a mark is checked
-    # again before its append. (The row and column appends are written out: a shared helper, even
-    # inlined, made the scan twice as slow in numba 0.68.)
+def scan_rows(block, a0, a1, row0, col0, keys, items, fill, tau, kp, passing):
+    # Block rows a0..a1 for their row queries: a vectorised compare marks the entries below the row's
+    # threshold, then only the 8-entry words with a mark are visited, mark by mark (lowest set bit
+    # first). Thresholds only fall, so a mark is checked again before its append.
     width, n_cols = keys.shape[1], block.shape[1]
-    column_tau = tau[col0 : col0 + n_cols]  # a view: follows the compactions
     words = passing.view(np.uint64)
-    for a in range(block.shape[0]):
+    for a in range(a0, a1):
         row, line = row0 + a, block[a]
         row_tau = tau[row]
-        if columns:
-            for b in range(n_cols):
-                passing[b] = (line[b] < row_tau) | ((line[b] < column_tau[b]) << 1)
-        else:
-            for b in range(n_cols):
-                passing[b] = line[b] < row_tau
+        for b in range(n_cols):
+            passing[b] = line[b] < row_tau
         passing[n_cols : 8 * ((n_cols + 7) // 8)] = 0
         for w in range((n_cols + 7) // 8):
             word = words[w]
@@ -111,6 +107,67 @@ def scan(block, row0, col0, keys, items, fill, tau, kp, passing, columns):
                 marks ^= lowest
                 entry = 8 * w + int((lowest * byte_index) >> top_byte)
                 if fill[row] == width:  # full: keep the best kp, lower the threshold
+                    compact(keys, items, fill, tau, row, kp)
+                if line[entry] < tau[row]:
+                    keys[row, fill[row]] = line[entry]
+                    items[row, fill[row]] = col0 + entry
+                    fill[row] += 1
+
+
+@jit
+def scan_columns(block, b0, b1, row0, col0, keys, items, fill, tau, kp, passing):
+    # Block columns b0..b1 for their column queries (a symmetric block: the row is then the item), row by
+    # row, so each column query receives its entries in row order, as a row-major scan gives them. Marks
+    # as in ``scan_rows``: a column's threshold changes only by its own appends, one per row at most.
+    width, n_cols = keys.shape[1], b1 - b0
+    words = passing.view(np.uint64)
+    for a in range(block.shape[0]):
+        line = block[a]
+        for b in range(n_cols):
+            passing[b] = line[b0 + b] < tau[col0 + b0 + b]
+        passing[n_cols : 8 * ((n_cols + 7) // 8)] = 0
+        for w in range((n_cols + 7) // 8):
+            word = words[w]
+            if word == 0:
+                continue
+            marks = word & byte_ones
+            while marks:
+                lowest = marks & (~marks + one)
+                marks ^= lowest
+                entry = b0 + 8 * w + int((lowest * byte_index) >> top_byte)
+                column = col0 + entry
+                if fill[column] == width:
+                    compact(keys, items, fill, tau, column, kp)
+                if line[entry] < tau[column]:
+                    keys[column, fill[column]] = line[entry]
+                    items[column, fill[column]] = row0 + a
+                    fill[column] += 1
+
+
+@jit
+def scan_fused(block, row0, col0, keys, items, fill, tau, kp, passing):
+    # One thread: the row and the column queries of a symmetric block in one pass over each block row (one
+    # compare marks the entries below the row's threshold with bit 1, below the column's with bit 2).
+    # (The row and column appends are written out: a shared helper made the scan twice as slow.)
+    width, n_cols = keys.shape[1], block.shape[1]
+    column_tau = tau[col0 : col0 + n_cols]  # a view: follows the compactions
+    words = passing.view(np.uint64)
+    for a in range(block.shape[0]):
+        row, line = row0 + a, block[a]
+        row_tau = tau[row]
+        for b in range(n_cols):
+            passing[b] = (line[b] < row_tau) | ((line[b] < column_tau[b]) << 1)
+        passing[n_cols : 8 * ((n_cols + 7) // 8)] = 0
+        for w in range((n_cols + 7) // 8):
+            word = words[w]
+            if word == 0:
+                continue
+            marks = word & byte_ones
+            while marks:
+                lowest = marks & (~marks + one)
+                marks ^= lowest
+                entry = 8 * w + int((lowest * byte_index) >> top_byte)
+                if fill[row] == width:
                     compact(keys, items, fill, tau, row, kp)
                 if line[entry] < tau[row]:
                     keys[row, fill[row]] = line[entry]
@@ -128,6 +185,27 @@ def scan(block, row0, col0, keys, items, fill, tau, kp, passing, columns):
                     keys[column, fill[column]] = line[entry]
                     items[column, fill[column]] = row0 + a
                     fill[column] += 1
+
+
+@pjit
+def scan(block, row0, col0, keys, items, fill, tau, kp, passing, columns):
+    # The entries of a key block below their query's threshold appended to that query's buffer: the row
+    # queries (rows split among the threads, each with its own marks ``passing[t]``) and, with ``columns``,
+    # the column queries of a symmetric block (columns split among the threads). A query is served by one
+    # thread and receives its entries in the order of a serial scan, so the buffers do not depend on the
+    # number of threads. (Row and column queries of a symmetric block are distinct: off-diagonal blocks.)
+    # One thread takes the fused pass, which reads each block row once for both sides.
+    n_threads, (n_rows, n_cols) = passing.shape[0], block.shape
+    if n_threads == 1 and columns:
+        scan_fused(block, row0, col0, keys, items, fill, tau, kp, passing[0])
+        return
+    for t in prange(n_threads):
+        a0, a1 = n_rows * t // n_threads, n_rows * (t + 1) // n_threads
+        scan_rows(block, a0, a1, row0, col0, keys, items, fill, tau, kp, passing[t])
+    if columns:
+        for t in prange(n_threads):
+            b0, b1 = n_cols * t // n_threads, n_cols * (t + 1) // n_threads
+            scan_columns(block, b0, b1, row0, col0, keys, items, fill, tau, kp, passing[t])
 
 
 @jit
@@ -191,11 +269,21 @@ def group_spill(spill, count, base, n_targets):
     return offsets, grouped_sources, grouped_values
 
 
+@pjit
+def append_spilled(keys, items, fill, tau, kp, offsets, sources, values, n_threads):
+    # Entries grouped by row (CSR ``offsets`` over the rows of the buffer) appended as a scan would; rows
+    # split among the threads.
+    n_rows = offsets.shape[0] - 1
+    for t in prange(n_threads):
+        append_spilled_rows(
+            keys, items, fill, tau, kp, offsets, sources, values, n_rows * t // n_threads, n_rows * (t + 1) // n_threads
+        )
+
+
 @jit
-def append_spilled(keys, items, fill, tau, kp, offsets, sources, values):
-    # Entries grouped by row (CSR ``offsets`` over the rows of the buffer) appended as a scan would.
+def append_spilled_rows(keys, items, fill, tau, kp, offsets, sources, values, r0, r1):
     width = keys.shape[1]
-    for row in range(offsets.shape[0] - 1):
+    for row in range(r0, r1):
         for e in range(offsets[row], offsets[row + 1]):
             if fill[row] == width:
                 compact(keys, items, fill, tau, row, kp)
@@ -205,12 +293,20 @@ def append_spilled(keys, items, fill, tau, kp, offsets, sources, values):
                 fill[row] += 1
 
 
+@pjit
+def finish(keys, items, fill, tau, kp, n_threads):
+    # Every row sorted by (key, position) and cut to its best kp (the kp-th key is the new threshold); rows
+    # split among the threads.
+    n_rows = keys.shape[0]
+    for t in prange(n_threads):
+        finish_rows(keys, items, fill, tau, kp, n_rows * t // n_threads, n_rows * (t + 1) // n_threads)
+
+
 @jit
-def finish(keys, items, fill, tau, kp):
-    # Every row sorted by (key, position) and cut to its best kp (the kp-th key is the new threshold).
+def finish_rows(keys, items, fill, tau, kp, r0, r1):
     width = keys.shape[1]
     codes, scratch, counts = np.empty(width, np.int64), np.empty(width, np.int64), np.empty(256, np.int64)
-    for row in range(keys.shape[0]):
+    for row in range(r0, r1):
         n, bits = fill[row], keys[row].view(np.int32)
         for j in range(n):
             codes[j] = encode(bits[j], items[row, j])
@@ -225,11 +321,19 @@ def finish(keys, items, fill, tau, kp):
         fill[row] = kept
 
 
+@pjit
+def sort_rows(key_bits, items, gap, near_limit, sorted_keys, sorted_items, near, n_threads):
+    n_rows = key_bits.shape[0]
+    for t in prange(n_threads):
+        r0, r1 = n_rows * t // n_threads, n_rows * (t + 1) // n_threads
+        sort_rows_range(key_bits, items, gap, near_limit, sorted_keys, sorted_items, near, r0, r1)
+
+
 @jit
-def sort_rows(key_bits, items, gap, near_limit, sorted_keys, sorted_items, near):
+def sort_rows_range(key_bits, items, gap, near_limit, sorted_keys, sorted_items, near, r0, r1):
     n = key_bits.shape[1]
     codes, scratch, counts = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), np.empty(256, np.int64)
-    for r in range(key_bits.shape[0]):
+    for r in range(r0, r1):
         in_order = True
         for j in range(n):
             codes[j] = encode(key_bits[r, j], items[r, j])
@@ -246,10 +350,17 @@ def sort_rows(key_bits, items, gap, near_limit, sorted_keys, sorted_items, near)
                 near[r, j] = near[r, j - 1] = True
 
 
+@pjit
+def sort_runs(values, items, near, order, n_threads):
+    n_rows = values.shape[0]
+    for t in prange(n_threads):
+        sort_runs_range(values, items, near, order, n_rows * t // n_threads, n_rows * (t + 1) // n_threads)
+
+
 @jit
-def sort_runs(values, items, near, order):
+def sort_runs_range(values, items, near, order, r0, r1):
     n = values.shape[1]
-    for r in range(values.shape[0]):
+    for r in range(r0, r1):
         for j in range(n):
             order[r, j] = j
         j = 0
@@ -274,10 +385,17 @@ def sort_runs(values, items, near, order):
                 order[r, b] = moving
 
 
+@pjit
+def clear_uniform_runs(near, relevant, n_threads):
+    n_rows = near.shape[0]
+    for t in prange(n_threads):
+        clear_uniform_runs_range(near, relevant, n_rows * t // n_threads, n_rows * (t + 1) // n_threads)
+
+
 @jit
-def clear_uniform_runs(near, relevant):
+def clear_uniform_runs_range(near, relevant, r0, r1):
     n = near.shape[1]
-    for r in range(near.shape[0]):
+    for r in range(r0, r1):
         j = 0
         while j < n:
             if not near[r, j]:

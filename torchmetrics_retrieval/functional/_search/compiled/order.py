@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._search.compiled.buffer import load_kernels
+from torchmetrics_retrieval.functional._search.compiled.buffer import kernel_threads, load_kernels
 
 __all__ = ["mixed_runs", "order_runs", "sort_by_key"]
 
@@ -43,7 +43,14 @@ def sort_by_key(keys: Tensor, items: Tensor, gap: Tensor, near_limit: Tensor) ->
     sorted_items = np.empty(key_bits.shape, dtype=np.int64)
     near = np.zeros(key_bits.shape, dtype=np.bool_)
     load_kernels().sort_rows(
-        key_bits, items.contiguous().numpy(), gap.numpy(), near_limit.numpy(), sorted_bits, sorted_items, near
+        key_bits,
+        items.contiguous().numpy(),
+        gap.numpy(),
+        near_limit.numpy(),
+        sorted_bits,
+        sorted_items,
+        near,
+        kernel_threads(),
     )
     return torch.from_numpy(sorted_bits.view(np.float32)), torch.from_numpy(sorted_items), torch.from_numpy(near)
 
@@ -54,7 +61,9 @@ def order_runs(values: Tensor, items: Tensor, near: Tensor) -> Tensor:
     Entries outside the runs keep their place; ``values`` only matter inside the runs.
     """
     order = np.empty(values.shape, dtype=np.int64)
-    load_kernels().sort_runs(values.contiguous().numpy(), items.contiguous().numpy(), near.numpy(), order)
+    load_kernels().sort_runs(
+        values.contiguous().numpy(), items.contiguous().numpy(), near.numpy(), order, kernel_threads()
+    )
     return torch.from_numpy(order)
 
 
@@ -62,5 +71,5 @@ def mixed_runs(near: Tensor, relevant: Tensor) -> Tensor:
     """``(R, n)`` bool: the entries of the runs of consecutive ``near`` entries that hold both relevant and
     irrelevant items (the other runs can keep any order without changing the relevance of a rank)."""
     mixed = near.numpy().copy()
-    load_kernels().clear_uniform_runs(mixed, relevant.contiguous().numpy())
+    load_kernels().clear_uniform_runs(mixed, relevant.contiguous().numpy(), kernel_threads())
     return torch.from_numpy(mixed)
