@@ -23,7 +23,7 @@ from torchmetrics_retrieval.functional._checks import (
     check_id_pair,
     check_ids,
     check_positive_int,
-    check_same_length,
+    check_self_index,
     describe,
 )
 from torchmetrics_retrieval.functional._search.blocks import iter_blocks
@@ -53,22 +53,6 @@ __all__ = [
 ]
 
 
-def _check_self_index(name: str, value: object, n_query: int, n_gallery: int, device: torch.device) -> Tensor:
-    if not isinstance(value, Tensor):
-        raise TypeError(f"`{name}` must be a bool or an int64 tensor of shape (Q,), got {describe(value)}.")
-    if value.dtype != torch.int64:
-        raise TypeError(f"`{name}` must have dtype torch.int64, got {describe(value)}.")
-    if value.ndim != 1:
-        raise ValueError(f"`{name}` must be 1-D of shape (Q,), got {describe(value)}.")
-    check_same_length(name, value, n_query, "query")
-    if value.numel() and (int(value.min()) < -1 or int(value.max()) >= n_gallery):
-        raise ValueError(
-            f"`{name}` must hold gallery positions in [0, {n_gallery}) or -1, "
-            f"got values in [{int(value.min())}, {int(value.max())}]."
-        )
-    return value.to(device)
-
-
 def _check_exclusions(
     self_name: str,
     self_index: object,
@@ -80,7 +64,7 @@ def _check_exclusions(
 ) -> Exclusions:
     """The checked rules; ``one_set``: ids come as one tensor for the set searched against itself."""
     n_query, n_gallery, device = query.shape[0], gallery.shape[0], query.device
-    own = None if self_index is None else _check_self_index(self_name, self_index, n_query, n_gallery, device)
+    own = None if self_index is None else check_self_index(self_name, self_index, n_query, n_gallery).to(device)
     seq = _check_id_rule("sequence_ids", sequence_ids, n_query, n_gallery, device, one_set)
     groups = _check_id_rule("search_groups", search_groups, n_query, n_gallery, device, one_set)
     return Exclusions(self_index=own, sequence_ids=seq, search_groups=groups)
