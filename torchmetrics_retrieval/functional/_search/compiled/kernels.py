@@ -115,45 +115,16 @@ def scan_rows(block, a0, a1, row0, col0, keys, items, fill, tau, kp, passing):
 
 
 @jit
-def scan_columns(block, b0, b1, row0, col0, keys, items, fill, tau, kp, passing):
-    # Block columns b0..b1 for their column queries (a symmetric block: the row is then the item), row by
-    # row, so each column query receives its entries in row order, as a row-major scan gives them. Marks
-    # as in ``scan_rows``: a column's threshold changes only by its own appends, one per row at most.
+def scan_fused(block, a0, a1, b0, b1, row0, col0, keys, items, fill, tau, kp, passing):
+    # The tile (rows a0..a1, columns b0..b1) of a symmetric block for its row queries and its column queries
+    # in one pass over each tile row: one compare marks the entries below the row's threshold with bit 1,
+    # below the column's with bit 2. (The row and column appends are written out: a shared helper made the
+    # scan twice as slow.)
     width, n_cols = keys.shape[1], b1 - b0
+    column_tau = tau[col0 + b0 : col0 + b1]  # a view: follows the compactions
     words = passing.view(np.uint64)
-    for a in range(block.shape[0]):
-        line = block[a]
-        for b in range(n_cols):
-            passing[b] = line[b0 + b] < tau[col0 + b0 + b]
-        passing[n_cols : 8 * ((n_cols + 7) // 8)] = 0
-        for w in range((n_cols + 7) // 8):
-            word = words[w]
-            if word == 0:
-                continue
-            marks = word & byte_ones
-            while marks:
-                lowest = marks & (~marks + one)
-                marks ^= lowest
-                entry = b0 + 8 * w + int((lowest * byte_index) >> top_byte)
-                column = col0 + entry
-                if fill[column] == width:
-                    compact(keys, items, fill, tau, column, kp)
-                if line[entry] < tau[column]:
-                    keys[column, fill[column]] = line[entry]
-                    items[column, fill[column]] = row0 + a
-                    fill[column] += 1
-
-
-@jit
-def scan_fused(block, row0, col0, keys, items, fill, tau, kp, passing):
-    # One thread: the row and the column queries of a symmetric block in one pass over each block row (one
-    # compare marks the entries below the row's threshold with bit 1, below the column's with bit 2).
-    # (The row and column appends are written out: a shared helper made the scan twice as slow.)
-    width, n_cols = keys.shape[1], block.shape[1]
-    column_tau = tau[col0 : col0 + n_cols]  # a view: follows the compactions
-    words = passing.view(np.uint64)
-    for a in range(block.shape[0]):
-        row, line = row0 + a, block[a]
+    for a in range(a0, a1):
+        row, line = row0 + a, block[a, b0:b1]
         row_tau = tau[row]
         for b in range(n_cols):
             passing[b] = (line[b] < row_tau) | ((line[b] < column_tau[b]) << 1)
@@ -171,14 +142,14 @@ def scan_fused(block, row0, col0, keys, items, fill, tau, kp, passing):
                     compact(keys, items, fill, tau, row, kp)
                 if line[entry] < tau[row]:
                     keys[row, fill[row]] = line[entry]
-                    items[row, fill[row]] = col0 + entry
+                    items[row, fill[row]] = col0 + b0 + entry
                     fill[row] += 1
             marks = (word >> one) & byte_ones
             while marks:
                 lowest = marks & (~marks + one)
                 marks ^= lowest
                 entry = 8 * w + int((lowest * byte_index) >> top_byte)
-                column = col0 + entry
+                column = col0 + b0 + entry
                 if fill[column] == width:
                     compact(keys, items, fill, tau, column, kp)
                 if line[entry] < tau[column]:
@@ -189,23 +160,29 @@ def scan_fused(block, row0, col0, keys, items, fill, tau, kp, passing):
 
 @pjit
 def scan(block, row0, col0, keys, items, fill, tau, kp, passing, columns):
-    # The entries of a key block below their query's threshold appended to that query's buffer: the row
-    # queries (rows split among the threads, each with its own marks ``passing[t]``) and, with ``columns``,
-    # the column queries of a symmetric block (columns split among the threads). A query is served by one
-    # thread and receives its entries in the order of a serial scan, so the buffers do not depend on the
-    # number of threads. (Row and column queries of a symmetric block are distinct: off-diagonal blocks.)
-    # One thread takes the fused pass, which reads each block row once for both sides.
+    # The entries of a key block below their query's threshold appended to that query's buffer, by
+    # ``n_threads = len(passing)`` threads, each with its own marks ``passing[t]``.
+    #
+    # Row queries only: the rows are split among the threads. A symmetric block (``columns``: the column
+    # queries take the entries too, the row then being the item) is cut into n_threads x n_threads tiles,
+    # scanned in n_threads steps: at step s thread t takes the tile (row part t, column part (t + s) mod
+    # n_threads) with the fused scan. The tiles of a step share no row query and no column query (row and
+    # column queries of an off-diagonal block are distinct), and every entry is read once. A query may
+    # receive its entries in another order than a serial scan gives them: that can change which of several
+    # exactly tied keys a full buffer keeps at its threshold, never a certified answer (``certify``), so
+    # results do not depend on the number of threads.
     n_threads, (n_rows, n_cols) = passing.shape[0], block.shape
-    if n_threads == 1 and columns:
-        scan_fused(block, row0, col0, keys, items, fill, tau, kp, passing[0])
-        return
-    for t in prange(n_threads):
-        a0, a1 = n_rows * t // n_threads, n_rows * (t + 1) // n_threads
-        scan_rows(block, a0, a1, row0, col0, keys, items, fill, tau, kp, passing[t])
-    if columns:
+    if not columns:
         for t in prange(n_threads):
-            b0, b1 = n_cols * t // n_threads, n_cols * (t + 1) // n_threads
-            scan_columns(block, b0, b1, row0, col0, keys, items, fill, tau, kp, passing[t])
+            a0, a1 = n_rows * t // n_threads, n_rows * (t + 1) // n_threads
+            scan_rows(block, a0, a1, row0, col0, keys, items, fill, tau, kp, passing[t])
+        return
+    for step in range(n_threads):
+        for t in prange(n_threads):
+            part = (t + step) % n_threads
+            a0, a1 = n_rows * t // n_threads, n_rows * (t + 1) // n_threads
+            b0, b1 = n_cols * part // n_threads, n_cols * (part + 1) // n_threads
+            scan_fused(block, a0, a1, b0, b1, row0, col0, keys, items, fill, tau, kp, passing[t])
 
 
 @jit
