@@ -72,16 +72,12 @@ def retrieval_per_query(
         search_groups=search_groups,
         categories=categories,
     )
-    return _per_query_of(qg, options or RetrievalOptions(), keep_neighbours)
-
-
-def _per_query_of(qg: QueryGallery, options: RetrievalOptions, keep_neighbours: bool) -> RetrievalResult:
-    if options.normalize:
-        qg = _normalized(qg)
-    return per_query(qg, options, keep_neighbours)
+    options = options or RetrievalOptions()
+    return per_query(_normalized(qg) if options.normalize else qg, options, keep_neighbours)
 
 
 def _normalized(qg: QueryGallery) -> QueryGallery:
+    """The problem with L2-normalised rows (a set searched against itself stays one tensor)."""
     query = torch.nn.functional.normalize(qg.query, dim=1)
     gallery = query if qg.gallery is qg.query else torch.nn.functional.normalize(qg.gallery, dim=1)
     return qg._replace(query=query, gallery=gallery)
@@ -291,8 +287,7 @@ def evaluate(
         search_groups=search_groups,
         categories=categories,
     )
-    if opts.normalize:
-        qg = _normalized(qg)
+    qg = _normalized(qg) if opts.normalize else qg
     result = None
     metrics: dict[str, Tensor] = {}
     if opts.needs_ranking:
