@@ -1,69 +1,314 @@
-"""Ranks of relevant items in the *whole* ranking of each query, without retrieving everything.
+"""Ranks of relevant items in the *whole* ranking of each query, at the cost of one pass of products.
 
-Used for exact MRR when a query's first relevant item lies beyond the retrieved K, and for the
-full-ranking average precision (``map``). Two streaming passes over the distance blocks:
+Used for exact MRR when a query's first relevant item lies beyond the retrieved K, for the full-ranking
+average precision (``map``), and for the rank of the last relevant item (mINP).
 
-1. collect the relevant items of each query as sortable keys (distance, then gallery position);
-2. for every non-relevant item, find with ``searchsorted`` how many relevant items it precedes,
-   and accumulate those counts in a per-query histogram.
+The rank of an item ``t`` (1-based, ties ordered by gallery position as everywhere in the package) is one
+plus the number of eligible items whose (distance, position) precedes ``t``'s. So:
 
-The rank of the j-th relevant item (1-based, in (distance, position) order) is then
-``j + (number of non-relevant items ranked before it)``. Memory: O(rows x max n(q)) per query
-chunk plus one distance block; never the full query x gallery matrix.
+1. list the relevant items of every query (from the labels; no distances), compute their canonical
+   distances pair by pair (the values ``knn`` reports) and sort them per query: these are the query's
+   *thresholds*;
+2. one pass over the float32 stage-1 keys of every (query, gallery item) block, as the kNN search computes
+   them: each eligible item is certainly before or after each threshold, unless its key lies within the
+   key's rigorous rounding bound of one, and then it is *ambiguous*. A per-query histogram over the
+   thresholds' intervals counts the certain items (a binary search per item, compiled and parallel over
+   rows on the CPU; batched ``searchsorted`` elsewhere);
+3. the ambiguous items (near ties: under a millionth of the pairs on real data, every exact duplicate) get
+   their canonical distance and an exact comparison.
+
+Memory: the thresholds (rows x max n(q), in query chunks) plus one block; never the query x gallery matrix.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._options import RetrievalOptions
-from torchmetrics_retrieval.functional._search.blocks import iter_blocks
-from torchmetrics_retrieval.functional._search.keys import order_key
+from torchmetrics_retrieval.functional._precision import ieee_float32_matmul
+from torchmetrics_retrieval.functional._search import plan
+from torchmetrics_retrieval.functional._search.blocks import block_sides
+from torchmetrics_retrieval.functional._search.certify import canonical_distances, key_tolerance
+from torchmetrics_retrieval.functional._search.problem import Problem, make_problem, rounding_terms
+from torchmetrics_retrieval.functional._search.stream_topk import addmm_keys
+from torchmetrics_retrieval.functional._search.torch_stage import SymmetricKeys
 from torchmetrics_retrieval.functional._sets import QueryGallery
 from torchmetrics_retrieval.functional.relevance import _label_match_compute
 
 __all__ = ["relevant_ranks"]
 
-_PAD = torch.iinfo(torch.int64).max
-_BUDGET_ENTRIES = 1 << 24  # rows x max n(q) held at once
+_BUDGET_ENTRIES = 1 << 24  # thresholds (rows x max n(q)) held at once
+_TILE_ROWS = 512  # rows of a block of keys: a 512 x 4096 float32 block stays in cache for the count
+_SYMMETRIC_TILE = 1024  # side of a symmetric block, counted by rows and (transposed) by columns
+_LUT_BUCKETS_PER_THRESHOLD = 8  # lookup-table buckets per threshold (most items then need no search)
+_LUT_BYTES = 64 * 2**20  # the lookup tables of a chunk of queries (int16 entries, small enough to stay cached)
+_AMBIGUOUS_PER_ROW = 32  # near ties of a row that one scan of a block keeps (more: the row is scanned again)
 
 
-def _ranks_of_chunk(qg: QueryGallery, n_max: int, options: RetrievalOptions) -> Tensor:
-    n_rows = qg.query.shape[0]
-    device = qg.query.device
-    keys = torch.full((n_rows, n_max + 1), _PAD, dtype=torch.int64, device=device)
-    filled = torch.zeros(n_rows, dtype=torch.long, device=device)
+class _Thresholds:
+    """Sorted thresholds of a chunk of queries: ``distances``/``positions`` ``(R, m)`` (padding: +inf and
+    the gallery size), ``filled`` ``(R,)``, and their key brackets ``lower``/``upper`` (float64)."""
 
-    def blocks() -> Iterator[tuple[slice, Tensor, Tensor, Tensor]]:
-        """(query rows, sort keys, relevant and eligible, non-relevant and eligible) of every block."""
-        # exact: the distances knn reports, so ties are ordered as in the retrieved lists
-        tiles = iter_blocks(qg.query, qg.gallery, options.distance, qg.exclusions(), options.chunk_size, exact=True)
-        for block in tiles:
-            qs, gs = block.query_slice, block.gallery_slice
-            relevant = _label_match_compute(qg.query_labels[qs], qg.gallery_labels[gs], options.label_comparison_fn)
-            eligible = block.eligible if block.eligible is not None else torch.ones_like(relevant)
-            positions = torch.arange(gs.start, gs.stop, device=device)
-            yield qs, order_key(block.distances, positions[None, :]), relevant & eligible, ~relevant & eligible
+    def __init__(
+        self, problem: Problem, rows: Tensor, pair_rows: Tensor, pair_cols: Tensor, m: int, symmetric: bool
+    ) -> None:
+        self.symmetric = symmetric
+        device, dtype = rows.device, problem.query.dtype
+        distances = canonical_distances(problem, rows, pair_rows, pair_cols).to(dtype)
+        # per row, by (distance, position): the pairs come row-major with positions increasing in a row
+        order = torch.argsort(distances, stable=True)
+        order = order[torch.argsort(pair_rows[order], stable=True)]
+        pair_rows, pair_cols, distances = pair_rows[order], pair_cols[order], distances[order]
+        per_row = torch.bincount(pair_rows, minlength=rows.numel())
+        starts = torch.cumsum(per_row, 0) - per_row
+        slot = torch.arange(pair_rows.numel(), device=device) - starts[pair_rows]
+        keep = slot < m
+        self.distances = torch.full((rows.numel(), m), float("inf"), dtype=dtype, device=device)
+        self.positions = torch.full((rows.numel(), m), problem.gallery.shape[0], dtype=torch.long, device=device)
+        self.distances[pair_rows[keep], slot[keep]] = distances[keep]
+        self.positions[pair_rows[keep], slot[keep]] = pair_cols[keep]
+        self.filled = per_row.clamp(max=m)
+        self.lower, self.upper = _key_brackets(problem, rows, self.distances, self.positions, symmetric)
 
-    # Pass 1: the relevant items' keys, appended row by row.
-    for qs, block_keys, positive, _ in blocks():
-        rows, cols = torch.nonzero(positive, as_tuple=True)
-        slot = filled[qs][rows] + positive.cumsum(dim=1)[rows, cols] - 1
-        keys[torch.arange(qs.start, qs.stop, device=device)[rows], slot] = block_keys[rows, cols]
-        filled[qs] += positive.sum(dim=1)
-    keys = keys.sort(dim=1).values
+    def count_preceding(self, distances: Tensor, positions: Tensor, pair_rows: Tensor, kernels: Any) -> Tensor:
+        """For items ``(distances, positions)`` of the rows ``pair_rows``: the number of the row's thresholds
+        that precede or are the item, ``(P,)`` (``kernels``: the compiled kernels, or None)."""
+        if kernels is not None:
+            counts = np.empty(pair_rows.numel(), dtype=np.int64)
+            own = (self.distances.to(torch.float64), self.positions, self.filled)
+            pairs = (pair_rows, distances.to(torch.float64), positions)
+            kernels.count_preceding(*(t.numpy() for t in (*own, *pairs)), counts)
+            return torch.from_numpy(counts)
+        counts = torch.empty_like(pair_rows)
+        step = max(1, _BUDGET_ENTRIES // max(1, self.distances.shape[1]))
+        for s in range(0, pair_rows.numel(), step):
+            part = slice(s, s + step)
+            t_dist, t_pos = self.distances[pair_rows[part]], self.positions[pair_rows[part]]
+            d, p = distances[part, None], positions[part, None]
+            counts[part] = ((t_dist < d) | ((t_dist == d) & (t_pos <= p))).sum(dim=1)
+        return counts
 
-    # Pass 2: how many non-relevant items precede each relevant one.
-    before = torch.zeros(n_rows, n_max + 1, dtype=torch.long, device=device)
-    for qs, block_keys, _, negative in blocks():
-        bucket = torch.searchsorted(keys[qs], block_keys)
-        before[qs].scatter_add_(1, bucket, negative.long())
-    preceding_negatives = before.cumsum(dim=1)[:, :n_max]
-    ranks = torch.arange(1, n_max + 1, device=device)[None, :] + preceding_negatives
-    return torch.where(torch.arange(n_max, device=device)[None, :] < filled[:, None], ranks, 0)
+
+def _key_brackets(
+    problem: Problem, rows: Tensor, distances: Tensor, positions: Tensor, symmetric: bool
+) -> tuple[Tensor, Tensor]:
+    """Stage-1 key bounds ``(lower, upper)`` of the thresholds: an item whose key is certainly below ``lower``
+    has a reported distance below the threshold's; certainly above ``upper``, above it.
+
+    ``symmetric``: for the keys of the set against itself (see :func:`_key_blocks`).
+    The reported distance is the canonical float64 value rounded to the query dtype, so the bracket spans two
+    of its ulps either side. The count compares keys within their rounding bound of the bracket; near a
+    near-duplicate's threshold the bracket is widened by that bound once more, because the canonical distance
+    is there a direct sum, not the key's expansion (see ``keys.distances_from_dots``).
+    """
+    d = distances.to(torch.float64)
+    finfo = torch.finfo(distances.dtype)
+    margin = d.abs() * (2.0 * finfo.eps) + finfo.tiny
+    low, high = d - margin, d + margin
+    if problem.distance == "dot":
+        lower, upper = low, high
+    elif problem.distance == "cosine":
+        lower, upper = low - 1.0, high - 1.0
+    else:
+        q_sq = problem.query_sq64[rows][:, None]
+        if problem.distance == "euclidean":
+            low, high = low.clamp(min=0.0).square(), high.square()
+        if symmetric:  # half the squared distance
+            lower, upper = torch.where(low > 0, low / 2, -float("inf")), high / 2
+        else:  # the squared distance minus |q|^2
+            lower, upper = torch.where(low > 0, low - q_sq, -float("inf")), high - q_sq
+        tol = key_tolerance(problem, rows, rounding_terms(problem.query.shape[1]))[:, None]
+        scale = q_sq + problem.gallery_sq64[positions.clamp(max=problem.gallery.shape[0] - 1)]
+        direct = d.square() < scale * 2.0**-9 if problem.distance == "euclidean" else d < scale * 2.0**-9
+        lower, upper = lower - tol * direct, upper + tol * direct
+    # monotone in the threshold's rank (the binary search needs it; the widening above may break it): widening
+    # a bracket only makes more items ambiguous
+    upper = upper.cummax(dim=1).values
+    lower = lower.flip(1).cummin(dim=1).values.flip(1)
+    finite = torch.isfinite(d)  # padding: never before, never ambiguous
+    return lower.masked_fill_(~finite, float("inf")), upper.masked_fill_(~finite, float("inf"))
+
+
+def _relevant_pairs(
+    qg: QueryGallery, problem: Problem, rows: Tensor, options: RetrievalOptions
+) -> tuple[Tensor, Tensor]:
+    """Eligible relevant pairs (row in ``rows``' order, gallery position), row-major, positions increasing."""
+    device = rows.device
+    if options.label_comparison_fn is None:  # group the gallery by label: no query x gallery comparison
+        labels = torch.cat([qg.query_labels[rows], qg.gallery_labels])
+        _, ids = torch.unique(labels, dim=0 if labels.ndim == 2 else None, return_inverse=True)
+        query_ids, gallery_ids = ids[: rows.numel()], ids[rows.numel() :]
+        gallery_order = torch.argsort(gallery_ids, stable=True)
+        sorted_ids = gallery_ids[gallery_order]
+        starts = torch.searchsorted(sorted_ids, query_ids)
+        sizes = torch.searchsorted(sorted_ids, query_ids, right=True) - starts
+        pair_rows = torch.repeat_interleave(torch.arange(rows.numel(), device=device), sizes)
+        offsets = torch.cumsum(sizes, 0) - sizes
+        within = torch.arange(pair_rows.numel(), device=device) - offsets[pair_rows]
+        pair_cols = gallery_order[starts[pair_rows] + within]
+    else:
+        parts = []
+        step = max(1, _BUDGET_ENTRIES // max(1, qg.gallery.shape[0]))
+        for s in range(0, rows.numel(), step):
+            chunk = rows[s : s + step]
+            match = _label_match_compute(qg.query_labels[chunk], qg.gallery_labels, options.label_comparison_fn)
+            r, c = torch.nonzero(match, as_tuple=True)
+            parts.append((r + s, c))
+        pair_rows, pair_cols = (torch.cat(side) for side in zip(*parts, strict=True))
+    keep = torch.ones(pair_rows.numel(), 1, dtype=torch.bool, device=device)
+    problem.exclusions.take(rows).fill_excluded_(keep, pair_rows, pair_cols[:, None], False)
+    keep = keep[:, 0]
+    return pair_rows[keep], pair_cols[keep]
+
+
+class _Counter:
+    """The per-query histogram over the thresholds' intervals, filled block by block, and the ambiguous items.
+
+    ``add`` takes a block of keys of the rows ``rs`` (of the chunk) against the gallery columns from ``c0``: the
+    compiled kernels on the CPU (parallel over rows), batched ``searchsorted`` elsewhere, with the same rule.
+    """
+
+    def __init__(self, problem: Problem, rows: Tensor, thresholds: _Thresholds, tolerance: Tensor) -> None:
+        n_rows, m = thresholds.distances.shape
+        self.thresholds, self.tolerance = thresholds, tolerance
+        self.hist = torch.zeros(n_rows, m + 1, dtype=torch.long, device=rows.device)
+        own = problem.exclusions.self_index
+        self.own = own[rows] if own is not None else torch.full((n_rows,), -1, dtype=torch.long, device=rows.device)
+        self.ambiguous_rows: list[Tensor] = []
+        self.ambiguous_cols: list[Tensor] = []
+        self.compiled = plan.use_compiled(rows.device, n_rows, problem.gallery.shape[0])
+        if self.compiled:
+            from torchmetrics_retrieval.functional._search.compiled import count_kernels
+            from torchmetrics_retrieval.functional._search.compiled.buffer import kernel_threads
+
+            kernel_threads()
+            self.kernels = count_kernels
+            self.own_np = self.own.numpy()
+            n_buckets = max(1, min(_LUT_BUCKETS_PER_THRESHOLD * m, _LUT_BYTES // (2 * max(1, n_rows))))
+            lut = np.empty((n_rows, n_buckets), dtype=np.int16 if m < 2**15 else np.int32)
+            table = (
+                thresholds.lower.numpy(), thresholds.upper.numpy(), thresholds.filled.numpy(), tolerance.numpy(),
+                lut, np.zeros(n_rows), np.zeros(n_rows),
+            )  # fmt: skip
+            count_kernels.build_table(*table)
+            self.table = table
+
+    def add(self, keys: Tensor, rs: slice, c0: int, mask: Tensor | None, transposed: bool = False) -> None:
+        """Count a block of keys of the rows ``rs`` against the gallery columns from ``c0`` (``transposed``: the
+        block holds the rows ``rs`` along its columns, the gallery items along its rows)."""
+        if self.compiled:
+            self._add_compiled(keys, rs, c0, mask, transposed)
+            return
+        if transposed:
+            keys, mask = keys.T, None if mask is None else mask.T
+        k = keys.to(torch.float64).contiguous()
+        tol = self.tolerance[rs, None]
+        first = torch.searchsorted(self.thresholds.upper[rs].contiguous(), k - tol)
+        after = torch.searchsorted(self.thresholds.lower[rs].contiguous(), k + tol, right=True)
+        eligible = torch.ones_like(first, dtype=torch.bool) if mask is None else mask.clone()
+        own = self.own[rs]
+        hit = torch.nonzero((own >= c0) & (own < c0 + keys.shape[1])).flatten()
+        eligible[hit, own[hit] - c0] = False
+        certain = (first == after) & eligible
+        self.hist[rs].scatter_add_(1, torch.where(certain, first, self.hist.shape[1] - 1), torch.ones_like(first))
+        r, c = torch.nonzero((first < after) & eligible, as_tuple=True)
+        self.ambiguous_rows.append(r + rs.start)
+        self.ambiguous_cols.append(c + c0)
+
+    def _add_compiled(self, keys: Tensor, rs: slice, c0: int, mask: Tensor | None, transposed: bool) -> None:
+        mask_np = np.ones((1, 1), dtype=np.bool_) if mask is None else mask.numpy()
+        table = tuple(a[rs] for a in self.table)
+        args = (keys.numpy(), c0, self.own_np[rs], mask_np, mask is not None, table)
+        n_rows = rs.stop - rs.start
+        n_ambiguous = np.zeros(n_rows, dtype=np.int64)
+        held = np.empty((n_rows, _AMBIGUOUS_PER_ROW), dtype=np.int64)
+        count = self.kernels.count_columns if transposed else self.kernels.count_rows
+        count(*args, self.hist.numpy()[rs], n_ambiguous, held)
+        kept = np.arange(_AMBIGUOUS_PER_ROW)[None, :] < n_ambiguous[:, None]
+        kept &= (n_ambiguous <= _AMBIGUOUS_PER_ROW)[:, None]
+        self.ambiguous_rows.append(torch.from_numpy(np.nonzero(kept)[0] + rs.start))
+        self.ambiguous_cols.append(torch.from_numpy(held[kept]))
+        overflow = np.nonzero(n_ambiguous > _AMBIGUOUS_PER_ROW)[0]
+        if overflow.size:  # rows with more near ties than the buffer holds: scanned again, all listed
+            if transposed:
+                keys, mask = keys.T.contiguous(), None if mask is None else mask.T.contiguous()
+                args = (
+                    keys.numpy(),
+                    *args[1:3],
+                    np.ones((1, 1), dtype=np.bool_) if mask is None else mask.numpy(),
+                    *args[4:],
+                )
+            offsets = np.zeros(overflow.size + 1, dtype=np.int64)
+            np.cumsum(n_ambiguous[overflow], out=offsets[1:])
+            listed = np.empty(int(offsets[-1]), dtype=np.int64)
+            self.kernels.list_ambiguous(*args, overflow, offsets, listed)
+            self.ambiguous_rows.append(torch.from_numpy(np.repeat(overflow, n_ambiguous[overflow]) + rs.start))
+            self.ambiguous_cols.append(torch.from_numpy(listed))
+
+    def counts(self, problem: Problem, rows: Tensor) -> Tensor:
+        """``(R, m)``: the eligible items before each threshold, once the ambiguous ones are compared exactly."""
+        m = self.thresholds.distances.shape[1]
+        if self.ambiguous_rows:
+            pair_rows, pair_cols = torch.cat(self.ambiguous_rows), torch.cat(self.ambiguous_cols)
+            distances = canonical_distances(problem, rows, pair_rows, pair_cols).to(problem.query.dtype)
+            bins = self.thresholds.count_preceding(
+                distances, pair_cols, pair_rows, self.kernels if self.compiled else None
+            )
+            self.hist.view(-1).index_add_(0, pair_rows * (m + 1) + bins, torch.ones_like(bins))
+        return self.hist.cumsum(dim=1)[:, :m]
+
+
+def _key_blocks(
+    problem: Problem, rows: Tensor, chunk_size: int | None, symmetric: bool
+) -> Iterator[tuple[slice, slice, Tensor]]:
+    """Blocks of stage-1 keys ``(rows of the chunk, gallery columns, keys)``, each valid until the next.
+
+    One-sided: ``|g|^2 - 2<q,g>`` (L2) or ``-<q,g>``, as the kNN search's torch stage. Symmetric (the whole set
+    against itself): ``|x_i - x_j|^2 / 2`` or ``-<x_i,x_j>``, the blocks on and above the diagonal only.
+    """
+    gallery, gallery_sq = problem.stage_gallery()
+    n_rows, n_cols = rows.numel(), gallery.shape[0]
+    if symmetric:
+        keys = SymmetricKeys(gallery, None if gallery_sq is None else gallery_sq / 2)
+        side = min(_SYMMETRIC_TILE, chunk_size or _SYMMETRIC_TILE)
+        starts = range(0, n_rows, side)
+        tiles = [
+            (slice(a, min(a + side, n_rows)), slice(b, min(b + side, n_rows))) for a in starts for b in starts if b >= a
+        ]
+    else:
+        bias = gallery_sq if gallery_sq is not None else torch.zeros_like(gallery[:, 0])
+        keys = addmm_keys(problem.stage_query(rows), gallery, bias, -2.0 if gallery_sq is not None else -1.0)
+        tile_rows, tile_cols = block_sides(n_rows, n_cols, chunk_size, bytes_per_pair=5)
+        tile_rows = min(tile_rows, _TILE_ROWS)
+        tiles = [
+            (slice(a, min(a + tile_rows, n_rows)), slice(b, min(b + tile_cols, n_cols)))
+            for a in range(0, n_rows, tile_rows)
+            for b in range(0, n_cols, tile_cols)
+        ]
+    for rs, cs in tiles:
+        with ieee_float32_matmul():
+            block = keys(rs, cs)
+        yield rs, cs, block
+
+
+def _count_before(problem: Problem, rows: Tensor, thresholds: _Thresholds, chunk_size: int | None) -> Tensor:
+    """``(R, m)`` int64: eligible gallery items ranked strictly before each threshold of each query."""
+    tolerance = key_tolerance(problem, rows, rounding_terms(problem.query.shape[1]))
+    counter = _Counter(problem, rows, thresholds, tolerance)
+    others = problem.exclusions.take(rows)._replace(self_index=None)  # the rules a block mask serves
+    active = thresholds.filled > 0
+    for rs, cs, keys in _key_blocks(problem, rows, chunk_size, thresholds.symmetric):
+        mask = others.eligible(rs, cs, (keys.shape[0], keys.shape[1]), rows.device)
+        if bool(active[rs].any()):
+            counter.add(keys, rs, cs.start, mask)
+        if thresholds.symmetric and rs != cs and bool(active[cs].any()):  # the same block serves the columns
+            counter.add(keys, cs, rs.start, mask, transposed=True)
+    return counter.counts(problem, rows)
 
 
 def relevant_ranks(
@@ -78,13 +323,19 @@ def relevant_ranks(
         ``m = min(max_relevant, max n(q))``.
     """
     n_query = qg.query.shape[0]
+    device = qg.query.device
     n_max = int(n_relevant.max()) if n_query else 0
     if n_max == 0:
-        return torch.zeros(n_query, 0, dtype=torch.long, device=qg.query.device)
-    kept = n_max if max_relevant is None else min(max_relevant, n_max)
-    rows = max(1, _BUDGET_ENTRIES // (n_max + 1))
-    chunks = [
-        _ranks_of_chunk(qg.take(part), n_max, options)[:, :kept]
-        for part in torch.arange(n_query, device=qg.query.device).split(rows)
-    ]
-    return torch.cat(chunks)
+        return torch.zeros(n_query, 0, dtype=torch.long, device=device)
+    m = n_max if max_relevant is None else min(max_relevant, n_max)
+    problem = make_problem(qg.query, qg.gallery, options.distance, qg.exclusions(), qg.same_set)
+    ranks = torch.zeros(n_query, m, dtype=torch.long, device=device)
+    step = max(1, _BUDGET_ENTRIES // (n_max + 1))
+    for rows in torch.arange(n_query, device=device).split(step):
+        pair_rows, pair_cols = _relevant_pairs(qg, problem, rows, options)
+        symmetric = problem.symmetric and rows.numel() == n_query  # the whole set against itself at once
+        thresholds = _Thresholds(problem, rows, pair_rows, pair_cols, m, symmetric)
+        before = _count_before(problem, rows, thresholds, options.chunk_size)
+        listed = torch.arange(m, device=device)[None, :] < thresholds.filled[:, None]
+        ranks[rows] = torch.where(listed, before + 1, 0)
+    return ranks

@@ -13,10 +13,10 @@ from torchmetrics_retrieval.functional._search.problem import Candidates, Proble
 from torchmetrics_retrieval.functional._search.stream_topk import BlockMemory, stream_topk, stream_topk_symmetric
 from torchmetrics_retrieval.functional._search.symmetric_sweep import SymmetricSweep
 
-__all__ = ["TorchStage"]
+__all__ = ["SymmetricKeys", "TorchStage"]
 
 
-class _SymmetricKeys:
+class SymmetricKeys:
     """Symmetric keys of a set against itself from one ``(N, D + 2)`` copy of its rows ``[x, h, 1]``: half the
     squared L2 distance ``h_i + h_j - <x_i, x_j> = <[-x_i, 1, h_i], [x_j, h_j, 1]>`` (``h = |x|^2 / 2``; the
     left rows are made for one row block at a time), or ``-<x_i, x_j>`` (dot, cosine, from ``x`` alone).
@@ -72,7 +72,7 @@ class TorchStage:
         self.cols = max(1, min(plan.STAGE1_COLUMNS, chunk_size or plan.STAGE1_COLUMNS, gallery.shape[0]))
         self.symmetric = problem.symmetric
         if self.symmetric:  # one copy of the rows serves the symmetric keys and, as a view, the other rounds
-            self.symmetric_keys = _SymmetricKeys(gallery, None if gallery_sq is None else gallery_sq / 2)
+            self.symmetric_keys = SymmetricKeys(gallery, None if gallery_sq is None else gallery_sq / 2)
             gallery = self.symmetric_keys.x
         self.gallery = gallery
         self._all_rows: Candidates | None = None

@@ -1,0 +1,139 @@
+"""Full-ranking metrics (``map``, ``mrr`` beyond K) from one counting pass, against the slow reference.
+
+Both implementations of the counting pass run (compiled kernels and torch passes), with small chunk sizes so
+that exact ties and duplicates straddle block boundaries, with every exclusion rule, lone queries, a custom
+label comparison and every distance.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torchmetrics_retrieval.functional as F
+from tests import reference
+from torchmetrics_retrieval.functional._search import plan
+
+PATHS = pytest.mark.parametrize("compiled", [True, False], ids=["compiled kernels", "torch passes"])
+
+
+def tied_data(n: int, seed: int, dim: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """Small integer coordinates (exact distance ties everywhere) with duplicated rows; a lone label 99."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(-2, 3, (n, dim), generator=g).float()
+    x[5:12] = x[3]
+    labels = torch.randint(0, 6, (n,), generator=g)
+    labels[0] = 99
+    return x, labels
+
+
+def full_metrics(refs: list[reference.QueryRanking]) -> dict[str, float]:
+    return {
+        "map": reference.mean_over([reference.average_precision(r) for r in refs], refs),
+        "mrr": reference.mean_over([reference.reciprocal_rank(r) for r in refs], refs),
+    }
+
+
+def ours(x: torch.Tensor, labels: torch.Tensor, **kwargs: object) -> dict[str, float]:
+    result = F.retrieval_metrics(
+        x, labels, cmc_top_k=(1,), precision_top_k=(), map_top_k=(), map_full=True, mrr=True, **kwargs
+    )
+    return {key: result[key].item() for key in ("map", "mrr")}
+
+
+@PATHS
+@pytest.mark.parametrize("distance", ["euclidean", "sqeuclidean", "cosine", "dot"])
+@pytest.mark.parametrize("chunk_size", [None, 7])
+def test_map_and_mrr_match_the_reference_with_ties_across_blocks(
+    compiled: bool, distance: str, chunk_size: int | None
+) -> None:
+    x, labels = tied_data(90, seed=1)
+    if distance == "cosine":
+        x[x.abs().sum(dim=1) == 0] = 1.0  # no zero rows
+    expected = full_metrics(reference.leave_one_out(x, labels, distance=distance))
+    with plan.force_compiled(compiled):
+        got = ours(x, labels, distance=distance, chunk_size=chunk_size)
+    assert got == pytest.approx(expected, abs=1e-6)
+
+
+@PATHS
+def test_every_exclusion_rule_and_a_query_subset(compiled: bool) -> None:
+    x, labels = tied_data(120, seed=2)
+    g = torch.Generator().manual_seed(5)
+    sequence_ids = torch.randint(0, 30, (120,), generator=g)
+    search_groups = torch.randint(0, 2, (120,), generator=g)
+    is_query = torch.rand(120, generator=g) < 0.6
+    is_gallery = torch.rand(120, generator=g) < 0.8
+    refs = reference.whole_set(
+        x, labels, is_query=is_query.tolist(), is_gallery=is_gallery.tolist(),
+        sequence_ids=sequence_ids, search_groups=search_groups,
+    )  # fmt: skip
+    with plan.force_compiled(compiled):
+        got = ours(
+            x, labels, is_query=is_query, is_gallery=is_gallery, sequence_ids=sequence_ids,
+            search_groups=search_groups, chunk_size=16,
+        )  # fmt: skip
+    assert got == pytest.approx(full_metrics(refs), abs=1e-6)
+
+
+@PATHS
+def test_separate_gallery_custom_comparison_and_float64(compiled: bool) -> None:
+    g = torch.Generator().manual_seed(3)
+    query = torch.randint(-2, 3, (40, 3), generator=g).double()
+    gallery = torch.cat([query[:10], torch.randint(-2, 3, (70, 3), generator=g).double()])
+    query_labels = torch.randint(0, 8, (40, 2), generator=g)
+    gallery_labels = torch.randint(0, 8, (80, 2), generator=g)
+
+    def same_first(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a[..., 0] == b[..., 0]
+
+    refs = reference.rankings(query, query_labels, gallery, gallery_labels, label_comparison_fn=same_first)
+    with plan.force_compiled(compiled):
+        got = ours(query, query_labels, gallery=gallery, gallery_labels=gallery_labels, label_comparison_fn=same_first)
+    assert got == pytest.approx(full_metrics(refs), abs=1e-6)  # metric values are float32
+    # multi-column labels compared as a whole (the default)
+    refs = reference.rankings(query, query_labels, gallery, gallery_labels)
+    with plan.force_compiled(compiled):
+        got = ours(query, query_labels, gallery=gallery, gallery_labels=gallery_labels)
+    assert got == pytest.approx(full_metrics(refs), abs=1e-6)  # metric values are float32
+
+
+@PATHS
+def test_continuous_data_against_pytorch_metric_learning(compiled: bool) -> None:
+    from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
+
+    g = torch.Generator().manual_seed(4)
+    labels = torch.randint(0, 30, (700,), generator=g)
+    labels[:3] = torch.tensor([100, 101, 102])  # lone queries
+    x = torch.randn(700, 12, generator=g) + torch.nn.functional.one_hot(labels % 12, 12).float()
+    theirs = AccuracyCalculator(
+        include=("mean_average_precision", "mean_reciprocal_rank"), k=None, device=torch.device("cpu")
+    ).get_accuracy(x, labels, x, labels, ref_includes_query=True)
+    with plan.force_compiled(compiled):
+        got = ours(x, labels, chunk_size=100)
+    # pytorch-metric-learning skips lone queries too (they have no relevant reference)
+    assert got["map"] == pytest.approx(theirs["mean_average_precision"], abs=1e-5)
+    assert got["mrr"] == pytest.approx(theirs["mean_reciprocal_rank"], abs=1e-5)
+
+
+def test_the_two_counting_paths_agree_rank_by_rank() -> None:
+    """Ranks of every relevant item, from the compiled kernels and from the torch passes, on near-ties."""
+    from torchmetrics_retrieval.functional._full_ranking import relevant_ranks
+    from torchmetrics_retrieval.functional._options import RetrievalOptions
+    from torchmetrics_retrieval.functional._sets import split_query_gallery
+
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(400, 8, generator=g)
+    x[200:] = x[:200] + 1e-7 * torch.randn(200, 8, generator=g)  # near duplicates: ambiguous keys
+    labels = torch.randint(0, 10, (400,), generator=g)
+    qg = split_query_gallery(x, labels)
+    n_relevant = torch.bincount(labels)[labels] - 1
+    options = RetrievalOptions.create(chunk_size=64)
+    with plan.force_compiled(True):
+        compiled = relevant_ranks(qg, n_relevant, options)
+    with plan.force_compiled(False):
+        torch_passes = relevant_ranks(qg, n_relevant, options)
+    assert torch.equal(compiled, torch_passes)
+    refs = reference.leave_one_out(x, labels)
+    expected = [[i + 1 for i, rel in enumerate(r.relevant) if rel] for r in refs]
+    assert [row[row > 0].tolist() for row in compiled] == expected

@@ -1,0 +1,150 @@
+"""The numba kernels of the full-ranking count (``functional._full_ranking``), compiled on first use and
+cached on disk; parallel over rows on the threads ``buffer.kernel_threads`` sets.
+
+Every query ``q`` carries ``filled[q]`` sorted thresholds, each as a bracket ``[lower, upper]`` of stage-1
+keys: an item whose key lies below ``lower[q, j]`` by more than the query's rounding bound ``tol[q]`` is
+certainly ranked before threshold ``j``; above ``upper[q, j]`` by more than it, certainly after. An eligible
+item is counted in ``hist[q, b]``, ``b`` the number of thresholds it certainly follows, when it certainly
+precedes the others; otherwise it is *ambiguous* and listed for an exact comparison.
+
+The per-query arrays travel as one tuple ``table = (lower, upper, filled, tol, lut, base, scale)``. ``lut``
+is a lookup table over ``[base, last]`` (``last``: above it an item follows every threshold): bucket
+``(key - base) * scale`` holds how many thresholds every key of the bucket certainly follows.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import prange
+
+#: Helpers are inlined into the kernels (numba IR): a call passing arrays counts references on each of them.
+inline = numba.njit(cache=True, nogil=True, inline="always")
+pjit = numba.njit(cache=True, nogil=True, parallel=True)
+
+_AMBIGUOUS = -1
+
+
+@pjit
+def build_table(lower, upper, filled, tol, lut, base, scale):
+    """Fill ``lut``, ``base`` and ``scale`` of every query (see the module docstring)."""
+    n_buckets = lut.shape[1]
+    for q in prange(lower.shape[0]):
+        n = filled[q]
+        if n == 0:
+            continue
+        low = (lower[q, 0] if np.isfinite(lower[q, 0]) else upper[q, 0]) - tol[q]
+        width = (upper[q, n - 1] + tol[q] - low) / n_buckets
+        base[q] = low
+        scale[q] = 1.0 / width if width > 0.0 and np.isfinite(1.0 / width) else 0.0  # 0: every key in bucket 0
+        margin = width * 1e-3  # a key's bucket is computed in float64: allow for its rounding
+        first = 0
+        for b in range(n_buckets):
+            while first < n and upper[q, first] + tol[q] < low + b * width - margin:
+                first += 1
+            lut[q, b] = first if scale[q] > 0.0 or b == 0 else 0
+
+
+@inline
+def _bin(lower, upper, filled, tol, lut, base, scale, q, key):
+    # The bin of ``key``, or -1 when it is ambiguous. The table gives a lower bound of the number of thresholds
+    # the key certainly follows (0 below the table), and a short walk the exact number: a bucket is narrower
+    # than the gap between most thresholds, so the walk rarely takes a step (a binary search would take
+    # several, each a mispredicted branch or a dependent load).
+    offset = key - base[q]
+    first = lut[q, min(np.int64(offset * scale[q]), lut.shape[1] - 1)] if offset >= 0.0 else 0
+    n = filled[q]
+    below = key - tol[q]
+    while first < n and upper[q, first] < below:
+        first += 1
+    return first if first == n or lower[q, first] > key + tol[q] else _AMBIGUOUS
+
+
+@inline
+def _last(upper, filled, tol, q):
+    # Above this key an item follows every threshold of query q (-inf: q has none).
+    n = filled[q]
+    return upper[q, n - 1] + tol[q] if n > 0 else -np.inf
+
+
+@inline
+def _row(keys, r, col0, own, mask, has_mask, table, hist, out_cols, counting):
+    # Row r of a block. ``counting``: add the certain items to ``hist`` and write the first ambiguous ones (as
+    # many as ``out_cols`` holds); otherwise write every ambiguous one. Returns the number of ambiguous items.
+    lower, upper, filled, tol, lut, base, scale = table  # once per row: unpacking arrays counts references
+    last = _last(upper, filled, tol, r)
+    capacity = out_cols.shape[0]
+    ambiguous = 0
+    for c in range(keys.shape[1]):
+        key = np.float64(keys[r, c])
+        if key > last or col0 + c == own[r] or (has_mask and not mask[r, c]):
+            continue
+        found = _bin(lower, upper, filled, tol, lut, base, scale, r, key)
+        if found != _AMBIGUOUS:
+            if counting:
+                hist[r, found] += 1
+            continue
+        if ambiguous < capacity:
+            out_cols[ambiguous] = col0 + c
+        ambiguous += 1
+    return ambiguous
+
+
+@pjit
+def count_rows(keys, col0, own, mask, has_mask, table, hist, n_ambiguous, out_cols):
+    """Add the block's certain items to ``hist``; per row, the number of ambiguous items to ``n_ambiguous``
+    and the gallery positions of the first ``out_cols.shape[1]`` of them to ``out_cols``."""
+    for r in prange(keys.shape[0]):
+        n_ambiguous[r] = _row(keys, r, col0, own, mask, has_mask, table, hist, out_cols[r], True)
+
+
+@pjit
+def list_ambiguous(keys, col0, own, mask, has_mask, table, rows, offsets, out_cols):
+    """Every ambiguous item of the block rows ``rows``, row ``rows[i]``'s from ``offsets[i]`` to ``offsets[i + 1]``
+    (for the rows whose items did not fit ``count_rows``'s buffers)."""
+    unused = np.zeros((1, 1), dtype=np.int64)
+    for i in prange(rows.shape[0]):
+        _row(keys, rows[i], col0, own, mask, has_mask, table, unused, out_cols[offsets[i] : offsets[i + 1]], False)
+
+
+@pjit
+def count_columns(keys, row0, own, mask, has_mask, table, hist, n_ambiguous, out_cols):
+    """``count_rows`` with the queries along the columns of ``keys`` and the items along its rows (the
+    transposed use of a symmetric block), reading the block in row order: threads take groups of 16 columns."""
+    n_cols = keys.shape[1]
+    capacity = out_cols.shape[1]
+    lower, upper, filled, tol, lut, base, scale = table
+    for group in prange((n_cols + 15) // 16):
+        j0, width = group * 16, min(16, n_cols - group * 16)
+        last = np.empty(16)
+        for i in range(width):
+            last[i] = _last(upper, filled, tol, j0 + i)
+        for r in range(keys.shape[0]):
+            for i in range(width):
+                key = np.float64(keys[r, j0 + i])
+                j = j0 + i
+                if key > last[i] or row0 + r == own[j] or (has_mask and not mask[r, j]):
+                    continue
+                found = _bin(lower, upper, filled, tol, lut, base, scale, j, key)
+                if found != _AMBIGUOUS:
+                    hist[j, found] += 1
+                    continue
+                if n_ambiguous[j] < capacity:
+                    out_cols[j, n_ambiguous[j]] = row0 + r
+                n_ambiguous[j] += 1
+
+
+@pjit
+def count_preceding(distances, positions, filled, pair_rows, pair_distances, pair_positions, out):
+    """For every listed item: how many thresholds of its row precede it or are it, by (distance, position)
+    (``distances``, ``pair_distances``: float64 values of the reported distances)."""
+    for i in prange(pair_rows.shape[0]):
+        q, d, p = pair_rows[i], pair_distances[i], pair_positions[i]
+        low, high = 0, filled[q]
+        while low < high:
+            mid = (low + high) >> 1
+            if distances[q, mid] < d or (distances[q, mid] == d and positions[q, mid] <= p):
+                low = mid + 1
+            else:
+                high = mid
+        out[i] = low
