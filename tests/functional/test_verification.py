@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torchmetrics_retrieval.functional import _pair_quantiles
+from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional.verification import det_curve, fnmr_at_fmr, fnmr_at_fmr_from_distances
 
 FMRS = (0.0, 0.01, 0.1, 0.25, 1 / 3, 0.5, 0.9, 1.0)
@@ -88,11 +89,13 @@ def check_against_reference(x: torch.Tensor, labels: torch.Tensor, *args: object
     distance = kwargs.get("distance", "euclidean")
     positives, negatives = reference_pairs(x, labels, *args, **kwargs)  # type: ignore[arg-type]
     expected = reference_fnmr(positives, negatives, FMRS)
-    for chunk_size in (None, 1, 3):
-        got = fnmr_at_fmr(x, labels, *args, fmr_vals=FMRS, chunk_size=chunk_size, **kwargs)  # type: ignore[arg-type]
-        assert [got[f"fnmr@fmr/{f}"].item() for f in FMRS] == pytest.approx(expected, abs=1e-6)
+    for chunk_size, compiled in ((None, True), (None, False), (1, False), (3, True)):
+        with plan.force_compiled(compiled):  # both paths: the compiled pair kernels and the torch passes
+            got = fnmr_at_fmr(x, labels, *args, fmr_vals=FMRS, chunk_size=chunk_size, **kwargs)  # type: ignore[arg-type]
+        assert [got[f"fnmr@fmr/{f}"].item() for f in FMRS] == pytest.approx(expected, abs=1e-6), compiled
         assert [got[f"tar@far/{f}"].item() for f in FMRS] == pytest.approx([1 - e for e in expected], abs=1e-6)
-        fmr, fnmr, thresholds = det_curve(x, labels, *args, fmr_grid=FMRS, chunk_size=chunk_size, **kwargs)  # type: ignore[arg-type]
+        with plan.force_compiled(compiled):
+            fmr, fnmr, thresholds = det_curve(x, labels, *args, fmr_grid=FMRS, chunk_size=chunk_size, **kwargs)  # type: ignore[arg-type]
         assert fmr.tolist() == list(FMRS)
         assert fnmr.tolist() == pytest.approx(expected, abs=1e-6)
         tol = 1e-9 if distance in ("sqeuclidean", "dot") else 1e-5
@@ -296,3 +299,20 @@ def test_empty_fmr_values() -> None:
 def test_errors(call: Callable[[], object], error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         call()
+
+
+@pytest.mark.parametrize("distance", ["euclidean", "sqeuclidean", "cosine", "dot"])
+def test_compiled_kernels_and_torch_passes_agree_bit_for_bit(distance: str) -> None:
+    """Both paths compute each pair's distance by the same float32 operations and its bucket in float64."""
+    g = torch.Generator().manual_seed(13)
+    labels = torch.randint(0, 7, (300,), generator=g)
+    x = torch.randn(300, 6, generator=g) + labels[:, None].float() / 3
+    x[50:60] = x[3]  # duplicates
+    seq = torch.randint(0, 100, (300,), generator=g)
+    results = []
+    for compiled in (True, False):
+        with plan.force_compiled(compiled):
+            results.append(fnmr_at_fmr(x, labels, fmr_vals=(0.0, 0.001, 0.1, 0.5), sequence_ids=seq, distance=distance))
+    assert results[0].keys() == results[1].keys()
+    for key in results[0]:
+        assert torch.equal(results[0][key], results[1][key]), key

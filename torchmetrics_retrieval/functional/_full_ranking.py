@@ -22,7 +22,6 @@ Memory: the thresholds (rows x max n(q), in query chunks) plus one block; never 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -30,24 +29,16 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._options import RetrievalOptions
-from torchmetrics_retrieval.functional._precision import ieee_float32_matmul
 from torchmetrics_retrieval.functional._search import plan
-from torchmetrics_retrieval.functional._search.blocks import block_sides
 from torchmetrics_retrieval.functional._search.certify import canonical_distances, key_tolerance
+from torchmetrics_retrieval.functional._search.key_blocks import key_blocks
 from torchmetrics_retrieval.functional._search.problem import Problem, make_problem, rounding_terms
-from torchmetrics_retrieval.functional._search.stream_topk import addmm_keys
-from torchmetrics_retrieval.functional._search.torch_stage import SymmetricKeys
 from torchmetrics_retrieval.functional._sets import QueryGallery
 from torchmetrics_retrieval.functional.relevance import _label_match_compute
 
 __all__ = ["relevant_ranks"]
 
 _BUDGET_ENTRIES = 1 << 24  # thresholds (rows x max n(q)) held at once
-_TILE_ROWS = 512  # rows of a block of keys: a 512 x 4096 float32 block stays in cache for the count
-_SYMMETRIC_TILE = 1024  # side of a symmetric block, counted by rows and (transposed) by columns
-_LUT_BUCKETS_PER_THRESHOLD = 8  # lookup-table buckets per threshold (most items then need no search)
-_LUT_BYTES = 64 * 2**20  # the lookup tables of a chunk of queries (int16 entries, small enough to stay cached)
-_AMBIGUOUS_PER_ROW = 32  # near ties of a row that one scan of a block keeps (more: the row is scanned again)
 
 
 class _Thresholds:
@@ -189,7 +180,7 @@ class _Counter:
             kernel_threads()
             self.kernels = count_kernels
             self.own_np = self.own.numpy()
-            n_buckets = max(1, min(_LUT_BUCKETS_PER_THRESHOLD * m, _LUT_BYTES // (2 * max(1, n_rows))))
+            n_buckets = max(1, min(plan.LUT_BUCKETS_PER_THRESHOLD * m, plan.LUT_BYTES // (2 * max(1, n_rows))))
             lut = np.empty((n_rows, n_buckets), dtype=np.int16 if m < 2**15 else np.int32)
             table = (
                 thresholds.lower.numpy(), thresholds.upper.numpy(), thresholds.filled.numpy(), tolerance.numpy(),
@@ -226,14 +217,14 @@ class _Counter:
         args = (keys.numpy(), c0, self.own_np[rs], mask_np, mask is not None, table)
         n_rows = rs.stop - rs.start
         n_ambiguous = np.zeros(n_rows, dtype=np.int64)
-        held = np.empty((n_rows, _AMBIGUOUS_PER_ROW), dtype=np.int64)
+        held = np.empty((n_rows, plan.AMBIGUOUS_PER_ROW), dtype=np.int64)
         count = self.kernels.count_columns if transposed else self.kernels.count_rows
         count(*args, self.hist.numpy()[rs], n_ambiguous, held)
-        kept = np.arange(_AMBIGUOUS_PER_ROW)[None, :] < n_ambiguous[:, None]
-        kept &= (n_ambiguous <= _AMBIGUOUS_PER_ROW)[:, None]
+        kept = np.arange(plan.AMBIGUOUS_PER_ROW)[None, :] < n_ambiguous[:, None]
+        kept &= (n_ambiguous <= plan.AMBIGUOUS_PER_ROW)[:, None]
         self.ambiguous_rows.append(torch.from_numpy(np.nonzero(kept)[0] + rs.start))
         self.ambiguous_cols.append(torch.from_numpy(held[kept]))
-        overflow = np.nonzero(n_ambiguous > _AMBIGUOUS_PER_ROW)[0]
+        overflow = np.nonzero(n_ambiguous > plan.AMBIGUOUS_PER_ROW)[0]
         if overflow.size:  # rows with more near ties than the buffer holds: scanned again, all listed
             if transposed:
                 keys, mask = keys.T.contiguous(), None if mask is None else mask.T.contiguous()
@@ -263,50 +254,17 @@ class _Counter:
         return self.hist.cumsum(dim=1)[:, :m]
 
 
-def _key_blocks(
-    problem: Problem, rows: Tensor, chunk_size: int | None, symmetric: bool
-) -> Iterator[tuple[slice, slice, Tensor]]:
-    """Blocks of stage-1 keys ``(rows of the chunk, gallery columns, keys)``, each valid until the next.
-
-    One-sided: ``|g|^2 - 2<q,g>`` (L2) or ``-<q,g>``, as the kNN search's torch stage. Symmetric (the whole set
-    against itself): ``|x_i - x_j|^2 / 2`` or ``-<x_i,x_j>``, the blocks on and above the diagonal only.
-    """
-    gallery, gallery_sq = problem.stage_gallery()
-    n_rows, n_cols = rows.numel(), gallery.shape[0]
-    if symmetric:
-        keys = SymmetricKeys(gallery, None if gallery_sq is None else gallery_sq / 2)
-        side = min(_SYMMETRIC_TILE, chunk_size or _SYMMETRIC_TILE)
-        starts = range(0, n_rows, side)
-        tiles = [
-            (slice(a, min(a + side, n_rows)), slice(b, min(b + side, n_rows))) for a in starts for b in starts if b >= a
-        ]
-    else:
-        bias = gallery_sq if gallery_sq is not None else torch.zeros_like(gallery[:, 0])
-        keys = addmm_keys(problem.stage_query(rows), gallery, bias, -2.0 if gallery_sq is not None else -1.0)
-        tile_rows, tile_cols = block_sides(n_rows, n_cols, chunk_size, bytes_per_pair=5)
-        tile_rows = min(tile_rows, _TILE_ROWS)
-        tiles = [
-            (slice(a, min(a + tile_rows, n_rows)), slice(b, min(b + tile_cols, n_cols)))
-            for a in range(0, n_rows, tile_rows)
-            for b in range(0, n_cols, tile_cols)
-        ]
-    for rs, cs in tiles:
-        with ieee_float32_matmul():
-            block = keys(rs, cs)
-        yield rs, cs, block
-
-
 def _count_before(problem: Problem, rows: Tensor, thresholds: _Thresholds, chunk_size: int | None) -> Tensor:
     """``(R, m)`` int64: eligible gallery items ranked strictly before each threshold of each query."""
     tolerance = key_tolerance(problem, rows, rounding_terms(problem.query.shape[1]))
     counter = _Counter(problem, rows, thresholds, tolerance)
     others = problem.exclusions.take(rows)._replace(self_index=None)  # the rules a block mask serves
     active = thresholds.filled > 0
-    for rs, cs, keys in _key_blocks(problem, rows, chunk_size, thresholds.symmetric):
+    for rs, cs, keys, mirrored in key_blocks(problem, rows, chunk_size, thresholds.symmetric):
         mask = others.eligible(rs, cs, (keys.shape[0], keys.shape[1]), rows.device)
         if bool(active[rs].any()):
             counter.add(keys, rs, cs.start, mask)
-        if thresholds.symmetric and rs != cs and bool(active[cs].any()):  # the same block serves the columns
+        if mirrored and bool(active[cs].any()):  # the same block serves its columns' queries
             counter.add(keys, cs, rs.start, mask, transposed=True)
     return counter.counts(problem, rows)
 

@@ -60,8 +60,10 @@ class PairBuckets(NamedTuple):
         return cls(low, N_BUCKETS / width if width > 0 and math.isfinite(width) else 1.0)
 
     def ids(self, distances: Tensor) -> Tensor:
-        """int32 bucket ids (truncation is the floor once clamped at 0)."""
-        return torch.sub(distances, self.low).mul_(self.scale).clamp_(0, N_BUCKETS - 1).to(torch.int32)
+        """int32 bucket ids (truncation is the floor once clamped at 0), computed in float64 (as the compiled
+        pair kernels do: the same exactly rounded operations give the same bucket)."""
+        offset = torch.sub(distances.to(torch.float64), self.low)
+        return offset.mul_(self.scale).clamp_(0, N_BUCKETS - 1).to(torch.int32)
 
     def pair_ids(self, block: PairBlock) -> Tensor:
         """Flat int32 ids in ``[0, 2 N_BUCKETS]``: negatives' buckets, positives' + N_BUCKETS, 2 N_BUCKETS for
@@ -92,7 +94,12 @@ class _Counts(NamedTuple):
 
 
 def _histograms(source: PairSource, buckets: PairBuckets) -> tuple[Tensor, Tensor]:
-    """``(negative, positive)`` histograms, ``(N_BUCKETS,)`` int64 each."""
+    """``(negative, positive)`` histograms, ``(N_BUCKETS,)`` int64 each (from the source's own compiled pass
+    when it offers one, see ``_pair_passes``)."""
+    offered = getattr(source, "histograms", None)
+    counted = offered(buckets) if offered is not None else None
+    if counted is not None:
+        return counted
     total: Tensor | None = None
     for block in source():
         ids = buckets.pair_ids(block)
@@ -138,6 +145,13 @@ class _Collector:
         return _merge(self.parts)
 
 
+def _wanted_pairs(source: PairSource, buckets: PairBuckets, wanted_ids: Tensor) -> Iterator[tuple[Tensor, Tensor]]:
+    """``(distances, positive)`` of the pairs of every block whose (bucket, sign) is wanted."""
+    for block in source():
+        wanted = wanted_ids[buckets.pair_ids(block)]
+        yield block.distances.flatten()[wanted], block.positive.flatten()[wanted]
+
+
 def _collect(
     source: PairSource, buckets: PairBuckets, negative_wanted: Tensor, positive_wanted: Tensor
 ) -> tuple[_Counts, _Counts]:
@@ -146,10 +160,9 @@ def _collect(
     wanted_ids = torch.cat([negative_wanted, positive_wanted, no])  # indexed by ``pair_ids``
     negatives: _Collector | None = None
     positives: _Collector | None = None
-    for block in source():
-        wanted = wanted_ids[buckets.pair_ids(block)]
-        distances = block.distances.flatten()[wanted]
-        positive = block.positive.flatten()[wanted]
+    offered = getattr(source, "wanted", None)
+    listed = offered(buckets, wanted_ids) if offered is not None else None
+    for distances, positive in listed if listed is not None else _wanted_pairs(source, buckets, wanted_ids):
         if negatives is None or positives is None:
             negatives, positives = _Collector(distances), _Collector(distances)
         negatives.add(distances[~positive])

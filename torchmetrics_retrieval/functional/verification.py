@@ -23,11 +23,11 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._checks import check_choice, check_fractions, check_positive_int, describe
+from torchmetrics_retrieval.functional._pair_passes import PairPasses
 from torchmetrics_retrieval.functional._pair_quantiles import Curve, PairBlock, PairBuckets, PairSource, curve
-from torchmetrics_retrieval.functional._search.blocks import iter_blocks
 from torchmetrics_retrieval.functional._search.types import DISTANCES, Distance
 from torchmetrics_retrieval.functional._sets import PairedIds, QueryGallery, split_query_gallery
-from torchmetrics_retrieval.functional.relevance import LabelComparisonFn, _label_match_compute
+from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
 
 __all__ = ["DEFAULT_FMR_GRID", "det_curve", "fnmr_at_fmr", "fnmr_at_fmr_from_distances"]
 
@@ -119,16 +119,8 @@ def pair_curve(
     chunk_size: int | None,
 ) -> Curve:
     """Thresholds and FNMR at the FMR values ``fractions`` over every pair of a checked problem."""
-
-    def source() -> Iterator[PairBlock]:
-        for block in iter_blocks(qg.query, qg.gallery, distance, qg.exclusions(), chunk_size, exact=False):
-            positive = _label_match_compute(
-                qg.query_labels[block.query_slice], qg.gallery_labels[block.gallery_slice], label_comparison_fn
-            )
-            yield PairBlock(block.distances, positive, block.eligible)
-
     buckets = PairBuckets.spanning(*_distance_bounds(qg.query, qg.gallery, distance))
-    return curve(source, buckets, fractions, qg.query.device)
+    return curve(PairPasses(qg, distance, label_comparison_fn, chunk_size), buckets, fractions, qg.query.device)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

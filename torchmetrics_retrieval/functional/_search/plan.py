@@ -31,6 +31,18 @@ BLOCK_BYTES = 128 * 2**20
 #: Preferred number of gallery columns of a block (cache-friendly, large enough for a fast matmul).
 BLOCK_COLUMNS = 4096
 
+#: Blocks of float32 keys of the passes over all pairs (``key_blocks``): rows of a one-sided block (512 x 4096
+#: keys stay in cache while a kernel counts them), and the side of a symmetric block (read by rows, then by
+#: columns).
+KEY_TILE_ROWS = 512
+SYMMETRIC_KEY_TILE = 1024
+#: The full-ranking count (``_full_ranking``): lookup-table buckets per threshold (most items then need no
+#: search), the tables' budget in bytes (int16 entries), and the near ties of a row one block scan keeps (more:
+#: the row is scanned again to list them all).
+LUT_BUCKETS_PER_THRESHOLD = 8
+LUT_BYTES = 64 * 2**20
+AMBIGUOUS_PER_ROW = 32
+
 # ---- stage 1: candidates by float32 keys ---------------------------------------------------------------------------
 #: Stage-1 candidates per query: ``K + min(MAX_MARGIN, max(MIN_MARGIN, K // MARGIN_DIVISOR))``. A thin margin
 #: keeps stage 1 cheap; the rows it leaves without a certificate (0-0.15% of the queries on clustered data)

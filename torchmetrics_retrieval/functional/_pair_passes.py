@@ -1,0 +1,148 @@
+"""Every (query, gallery item) pair of a checked problem, streamed: the pair source of FNMR@FMR and the DET curve.
+
+The pairs' distances come from the float32 keys of ``key_blocks`` (``KeyForm``): a set against itself takes
+symmetric blocks, each distance computed once and standing for both ordered pairs. Two ways to read them,
+with the same values:
+
+* as a :data:`~._pair_quantiles.PairSource` (calling the object yields :class:`PairBlock` s of distances,
+  signs and eligibility), for any consumer;
+* through the compiled kernels (CPU, labels compared by equality): :meth:`PairPasses.histograms` and
+  :meth:`PairPasses.wanted`, which ``_pair_quantiles`` takes when they are offered (``None`` otherwise). They
+  fuse distance, sign, exclusion and bucket into one read of each block, parallel over rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from torchmetrics_retrieval.functional._pair_quantiles import N_BUCKETS, PairBlock, PairBuckets
+from torchmetrics_retrieval.functional._search import plan
+from torchmetrics_retrieval.functional._search.key_blocks import KeyBlock, key_blocks, key_form
+from torchmetrics_retrieval.functional._search.problem import make_problem
+from torchmetrics_retrieval.functional._sets import QueryGallery
+from torchmetrics_retrieval.functional.relevance import LabelComparisonFn, _label_match_compute
+
+__all__ = ["PairPasses"]
+
+
+def _dense_label_ids(query_labels: Tensor, gallery_labels: Tensor) -> tuple[Tensor, Tensor]:
+    """Both sides' labels as int64 ids, equal exactly when the labels are equal (rows of 2-D labels as a whole)."""
+    labels = torch.cat([query_labels, gallery_labels])
+    _, ids = torch.unique(labels, dim=0 if labels.ndim == 2 else None, return_inverse=True)
+    return ids[: query_labels.shape[0]], ids[query_labels.shape[0] :]
+
+
+class PairPasses:
+    """The pairs of ``qg`` under ``distance`` (see the module docstring)."""
+
+    def __init__(
+        self, qg: QueryGallery, distance: str, label_comparison_fn: LabelComparisonFn | None, chunk_size: int | None
+    ) -> None:
+        self.qg, self.label_comparison_fn, self.chunk_size = qg, label_comparison_fn, chunk_size
+        self.problem = make_problem(qg.query, qg.gallery, distance, qg.exclusions(), qg.same_set)
+        device, n_query = qg.query.device, qg.query.shape[0]
+        self.rows = torch.arange(n_query, device=device)
+        self.form = key_form(self.problem, self.rows, self.problem.symmetric)
+        own = self.problem.exclusions.self_index
+        self.own = own if own is not None else torch.full((n_query,), -1, dtype=torch.long, device=device)
+        self.others = self.problem.exclusions._replace(self_index=None)  # the rules a block mask serves
+        self.ids = None if label_comparison_fn is not None else _dense_label_ids(qg.query_labels, qg.gallery_labels)
+        self.compiled = self.ids is not None and plan.use_compiled(device, n_query, qg.gallery.shape[0])
+
+    def _blocks(self) -> Iterator[tuple[KeyBlock, Tensor | None]]:
+        for block in key_blocks(self.problem, self.rows, self.chunk_size, self.problem.symmetric):
+            shape = (block.keys.shape[0], block.keys.shape[1])
+            yield block, self.others.eligible(block.rows, block.cols, shape, self.rows.device)
+
+    # ---- the generic source -----------------------------------------------------------------------------------
+
+    def __call__(self) -> Iterator[PairBlock]:
+        for block, mask in self._blocks():
+            distances = self._distances(block)
+            yield self._pair_block(distances, block.rows, block.cols, mask)
+            if block.mirrored:  # the same distances, as the pairs (column, row)
+                yield self._pair_block(distances.T, block.cols, block.rows, None if mask is None else mask.T)
+
+    def _distances(self, block: KeyBlock) -> Tensor:
+        """The block's float32 distances, by the kernels' formula (the same float32 operations)."""
+        scale, offsets, mode = self.form
+        v = block.keys * scale + offsets[block.rows, None]
+        if mode:
+            v = v.clamp_(min=0.0)
+        return v.sqrt_() if mode == 2 else v
+
+    def _pair_block(self, distances: Tensor, rows: slice, cols: slice, mask: Tensor | None) -> PairBlock:
+        qg = self.qg
+        if self.ids is not None:
+            positive = self.ids[0][rows, None] == self.ids[1][None, cols]
+        else:
+            positive = _label_match_compute(qg.query_labels[rows], qg.gallery_labels[cols], self.label_comparison_fn)
+        own = self.own[rows]
+        hit = torch.nonzero((own >= cols.start) & (own < cols.stop)).flatten()
+        eligible = mask
+        if hit.numel():
+            eligible = torch.ones_like(positive) if mask is None else mask.clone()
+            eligible[hit, own[hit] - cols.start] = False
+        return PairBlock(distances, positive, eligible)
+
+    # ---- the compiled passes ----------------------------------------------------------------------------------
+
+    def _kernel_args(self, block: KeyBlock, mask: Tensor | None) -> tuple[object, ...]:
+        """The arguments the kernels share."""
+        scale, offsets, mode = self.form
+        rows, cols = block.rows, block.cols
+        form = (np.float32(scale), offsets[rows].numpy(), mode)
+        mask_np = np.ones((1, 1), dtype=np.bool_) if mask is None else mask.numpy()
+        assert self.ids is not None
+        row_ids, col_ids = self.ids[0][rows].numpy(), self.ids[1][cols].numpy()
+        return block.keys.numpy(), form, cols.start, self.own[rows].numpy(), mask_np, mask is not None, row_ids, col_ids
+
+    def histograms(self, buckets: PairBuckets) -> tuple[Tensor, Tensor] | None:
+        """``(negative, positive)`` histograms of the pairs' buckets, or None without the compiled kernels."""
+        if not self.compiled:
+            return None
+        from torchmetrics_retrieval.functional._search.compiled import pair_kernels
+        from torchmetrics_retrieval.functional._search.compiled.buffer import kernel_threads
+
+        hist = np.zeros((kernel_threads(), 2 * N_BUCKETS), dtype=np.int64)
+        for block, mask in self._blocks():
+            # a symmetric block off the diagonal stands for its pairs both ways round: weight 2
+            args = self._kernel_args(block, mask)
+            pair_kernels.histogram(*args, 2 if block.mirrored else 1, tuple(buckets), hist)
+        total = torch.from_numpy(hist.sum(axis=0))
+        return total[:N_BUCKETS], total[N_BUCKETS:]
+
+    def wanted(self, buckets: PairBuckets, wanted_ids: Tensor) -> Iterator[tuple[Tensor, Tensor]] | None:
+        """``(distances, positive)`` of the pairs whose (bucket, sign) is wanted (``wanted_ids``: ``(2 N_BUCKETS,)``
+        bool, negatives' buckets then positives'), block by block; None without the compiled kernels."""
+        if not self.compiled:
+            return None
+        return self._wanted(buckets, wanted_ids[: 2 * N_BUCKETS].numpy())
+
+    def _wanted(self, buckets: PairBuckets, wanted: np.ndarray) -> Iterator[tuple[Tensor, Tensor]]:
+        from torchmetrics_retrieval.functional._search.compiled import pair_kernels
+        from torchmetrics_retrieval.functional._search.compiled.buffer import kernel_threads
+
+        kernel_threads()
+        empty = True
+        for block, mask in self._blocks():
+            # the two orientations of a mirrored block hold the same distances with the same signs
+            args = (*self._kernel_args(block, mask), tuple(buckets), wanted)
+            counts = np.zeros(block.keys.shape[0], dtype=np.int64)
+            pair_kernels.count_wanted(*args, counts)
+            if not counts.any():
+                continue
+            offsets = np.zeros(counts.size + 1, dtype=np.int64)
+            np.cumsum(counts, out=offsets[1:])
+            distances = np.empty(int(offsets[-1]), dtype=np.float32)
+            positive = np.empty(int(offsets[-1]), dtype=np.bool_)
+            pair_kernels.list_wanted(*args, offsets, distances, positive)
+            repeat = 2 if block.mirrored else 1
+            empty = False
+            yield torch.from_numpy(distances).repeat(repeat), torch.from_numpy(positive).repeat(repeat)
+        if empty:
+            yield torch.zeros(0, dtype=torch.float32), torch.zeros(0, dtype=torch.bool)
