@@ -3,7 +3,9 @@
 Every method runs in its own fresh subprocess on the same seeded clustered data (``_common.py``): the
 worker builds the data, resets the peak-RSS counter, runs the method twice and reports the best time and
 the peak RSS above the RSS it had once the data existed. The orchestrator prints one table per
-(N, label regime) with the ratio of every method to the bare faiss kNN and our speed-up over the anchors.
+(N, label regime, thread count) with the ratio of every method to the bare faiss kNN and our speed-up over
+the anchors, then how much faster each method ran with all cores than with one (``--threads``, default: one
+thread and every core, the same data).
 
 Methods (K = max(5, max n(q)): what our call needs for cmc@5/precision@5/map@5, map@r and r-precision):
 
@@ -11,6 +13,7 @@ Methods (K = max(5, max n(q)): what our call needs for cmc@5/precision@5/map@5, 
 * ``faiss``: ``faiss.IndexFlatL2`` search with K + 1 neighbours (the self match comes back first);
 * ``ours``: ``retrieval_metrics(cmc@1, cmc@5, precision@5, map@5, map@r, r_precision)``;
 * ``ours_map_full``: the same plus ``map_full=True`` (full-ranking MAP; only up to ``--map-full-max``);
+* ``ours_fnmr``: ``fnmr_at_fmr(fmr_vals=(1e-3, 1e-2, 1e-1))`` over every ordered pair (up to ``--map-full-max``);
 * ``pml``: ``AccuracyCalculator(precision_at_1, r_precision, mean_average_precision_at_r,
   k="max_bin_count")`` with ``ref_includes_query=True``;
 * ``oml``: open-metric-learning's ``batched_knn_qg`` (top_n = K, self masked by id) and
@@ -46,7 +49,9 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REGIMES, Regime, best_of, clustered_embeddings, memory_mib, reset_peak_memory
 
-METHODS: tuple[str, ...] = ("matmul", "faiss", "ours", "ours_map_full", "pml", "oml")
+METHODS: tuple[str, ...] = ("matmul", "faiss", "ours", "ours_map_full", "ours_fnmr", "pml", "oml")
+#: The FMR values of the ``ours_fnmr`` row.
+FMR_VALS = (1e-3, 1e-2, 1e-1)
 #: Our cutoffs, and the keys of every method's values that estimate the same quantity as ours.
 OURS_OPTIONS: dict[str, Any] = {
     "cmc_top_k": (1, 5),
@@ -104,6 +109,12 @@ def run_ours_map_full(x: Tensor, labels: Tensor) -> dict[str, float]:
     return _ours(x, labels, map_full=True)
 
 
+def run_ours_fnmr(x: Tensor, labels: Tensor) -> dict[str, float]:
+    from torchmetrics_retrieval.functional import fnmr_at_fmr
+
+    return {key: float(value) for key, value in fnmr_at_fmr(x, labels, fmr_vals=FMR_VALS).items()}
+
+
 def run_pml(x: Tensor, labels: Tensor) -> dict[str, float]:
     from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
@@ -131,6 +142,7 @@ RUNNERS: dict[str, Callable[[Tensor, Tensor], dict[str, float]]] = {
     "faiss": run_faiss,
     "ours": run_ours,
     "ours_map_full": run_ours_map_full,
+    "ours_fnmr": run_ours_fnmr,
     "pml": run_pml,
     "oml": run_oml,
 }
@@ -147,6 +159,7 @@ def _import_for(method: str) -> None:
         "faiss": ["faiss"],
         "ours": ["torchmetrics_retrieval.functional"],
         "ours_map_full": ["torchmetrics_retrieval.functional"],
+        "ours_fnmr": ["torchmetrics_retrieval.functional"],
         "pml": ["pytorch_metric_learning.utils.accuracy_calculator"],
         "oml": ["oml.functional.knn", "oml.functional.metrics"],
     }
@@ -209,11 +222,12 @@ def profile_ours(n: int, regime: Regime, *, seed: int = 0, top: int = 25) -> str
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-def _run_worker(python: str, method: str, n: int, regime: str, args: argparse.Namespace) -> dict[str, Any]:
+def _run_worker(
+    python: str, method: str, n: int, regime: str, threads: int, args: argparse.Namespace
+) -> dict[str, Any]:
     """Run one measurement in a fresh interpreter; a failure becomes ``{"status": ...}``."""
     command = [python, str(Path(__file__).resolve()), "--worker", method, "--sizes", str(n), "--regimes", regime]
-    command += ["--seed", str(args.seed), "--repeats", str(args.repeats)]
-    command += [] if args.threads is None else ["--threads", str(args.threads)]
+    command += ["--seed", str(args.seed), "--repeats", str(args.repeats), "--threads", str(threads)]
     timeout = args.timeout
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
@@ -232,7 +246,7 @@ def _skip_reason(method: str, n: int, args: argparse.Namespace) -> str | None:
         return "not installed (give --oml-python)"
     if method == "oml" and n > args.skip_oml_above:
         return f"skipped (N > --skip-oml-above {args.skip_oml_above})"
-    if method == "ours_map_full" and n > args.map_full_max:
+    if method in ("ours_map_full", "ours_fnmr") and n > args.map_full_max:
         return f"skipped (N > --map-full-max {args.map_full_max})"
     return None
 
@@ -278,23 +292,40 @@ def format_table(n: int, regime: str, rows: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines) + ("\n\n" + check if check else "")
 
 
+def format_scaling(tables: dict[int, dict[str, dict[str, Any]]]) -> str:
+    """How much faster each method ran with the most threads than with the fewest (same data, one run)."""
+    fewest, most = min(tables), max(tables)
+    lines = [f"| method | {fewest} thread(s) | {most} threads | speed-up |", "| --- | ---: | ---: | ---: |"]
+    for method, row in tables[fewest].items():
+        other = tables[most].get(method, {})
+        if row.get("status") == "ok" and other.get("status") == "ok":
+            a, b = row["seconds"], other["seconds"]
+            lines.append(f"| {method} | {a:.2f} | {b:.2f} | {a / b:.2f}x |")
+    return "\n".join(lines)
+
+
 def run_all(args: argparse.Namespace) -> None:
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    threads = args.threads or torch.get_num_threads()
+    counts = args.threads or [1, os.cpu_count() or 1]
     when = time.strftime("%Y-%m-%d %H:%M")
-    print(f"{when}, {os.cpu_count()} CPUs, {threads} threads, load average {load}", flush=True)
+    print(f"{when}, {os.cpu_count()} CPUs, threads {counts}, load average {load}", flush=True)
     for n in args.sizes:
         for regime in args.regimes:
-            rows: dict[str, dict[str, Any]] = {}
-            for method in args.methods:
-                reason = _skip_reason(method, n, args)
-                if reason is not None:
-                    rows[method] = {"method": method, "status": reason}
-                    continue
-                python = args.oml_python if method == "oml" else sys.executable
-                rows[method] = _run_worker(python, method, n, regime, args)
-                print(f"  ... {n} {regime} {method}: {rows[method].get('seconds', rows[method]['status'])}", flush=True)
-            print("\n" + format_table(n, regime, rows) + "\n", flush=True)
+            tables: dict[int, dict[str, dict[str, Any]]] = {}
+            for threads in dict.fromkeys(counts):
+                rows = tables.setdefault(threads, {})
+                for method in args.methods:
+                    reason = _skip_reason(method, n, args)
+                    if reason is not None:
+                        rows[method] = {"method": method, "status": reason}
+                        continue
+                    python = args.oml_python if method == "oml" else sys.executable
+                    rows[method] = _run_worker(python, method, n, regime, threads, args)
+                    done = rows[method].get("seconds", rows[method]["status"])
+                    print(f"  ... {n} {regime} {threads} threads {method}: {done}", flush=True)
+                print(f"\n{threads} thread(s): " + format_table(n, regime, rows) + "\n", flush=True)
+            if len(tables) > 1:
+                print(format_scaling(tables) + "\n", flush=True)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -304,10 +335,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=2, help="passes per method; the best one is reported")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads of torch and faiss (default: theirs)")
+    parser.add_argument(
+        "--threads", type=int, nargs="+", default=None, help="CPU thread counts of torch and faiss (default: 1 and all)"
+    )
     parser.add_argument("--oml-python", default=None, help="interpreter with open-metric-learning installed")
     parser.add_argument("--skip-oml-above", type=int, default=30_000)
-    parser.add_argument("--map-full-max", type=int, default=30_000, help="largest N of the map_full row")
+    parser.add_argument("--map-full-max", type=int, default=100_000, help="largest N of the map_full and FNMR@FMR rows")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds allowed to one worker")
     parser.add_argument("--worker", choices=METHODS, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--profile", action="store_true", help="cProfile our call instead of the benchmark")
@@ -316,8 +349,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.threads is not None:
-        set_threads(args.threads)
+    if args.threads is not None and (args.worker is not None or args.profile):
+        set_threads(args.threads[0])
     if args.worker is not None:
         print(json.dumps(measure(args.worker, args.sizes[0], args.regimes[0], seed=args.seed, repeats=args.repeats)))
     elif args.profile:
