@@ -70,11 +70,11 @@ class _Thresholds:
         """For items ``(distances, positions)`` of the rows ``pair_rows``: the number of the row's thresholds
         that precede or are the item, ``(P,)`` (``kernels``: the compiled kernels, or None)."""
         if kernels is not None:
-            counts = np.empty(pair_rows.numel(), dtype=np.int64)
+            found = np.empty(pair_rows.numel(), dtype=np.int64)
             own = (self.distances.to(torch.float64), self.positions, self.filled)
             pairs = (pair_rows, distances.to(torch.float64), positions)
-            kernels.count_preceding(*(t.numpy() for t in (*own, *pairs)), counts)
-            return torch.from_numpy(counts)
+            kernels.count_preceding(*(t.numpy() for t in (*own, *pairs)), found)
+            return torch.from_numpy(found)
         counts = torch.empty_like(pair_rows)
         step = max(1, _BUDGET_ENTRIES // max(1, self.distances.shape[1]))
         for s in range(0, pair_rows.numel(), step):

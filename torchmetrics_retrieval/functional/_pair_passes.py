@@ -13,7 +13,9 @@ with the same values:
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,6 +29,11 @@ from torchmetrics_retrieval.functional._sets import QueryGallery
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn, _label_match_compute
 
 __all__ = ["PairPasses"]
+
+
+def _pair_kernels() -> Any:
+    """The compiled pair kernels (importing them imports numba: on first use only)."""
+    return importlib.import_module("torchmetrics_retrieval.functional._search.compiled.pair_kernels")
 
 
 def _dense_label_ids(query_labels: Tensor, gallery_labels: Tensor) -> tuple[Tensor, Tensor]:
@@ -105,9 +112,9 @@ class PairPasses:
         """``(negative, positive)`` histograms of the pairs' buckets, or None without the compiled kernels."""
         if not self.compiled:
             return None
-        from torchmetrics_retrieval.functional._search.compiled import pair_kernels
         from torchmetrics_retrieval.functional._search.compiled.buffer import kernel_threads
 
+        pair_kernels = _pair_kernels()
         hist = np.zeros((kernel_threads(), 2 * N_BUCKETS), dtype=np.int64)
         for block, mask in self._blocks():
             # a symmetric block off the diagonal stands for its pairs both ways round: weight 2
@@ -124,9 +131,9 @@ class PairPasses:
         return self._wanted(buckets, wanted_ids[: 2 * N_BUCKETS].numpy())
 
     def _wanted(self, buckets: PairBuckets, wanted: np.ndarray) -> Iterator[tuple[Tensor, Tensor]]:
-        from torchmetrics_retrieval.functional._search.compiled import pair_kernels
         from torchmetrics_retrieval.functional._search.compiled.buffer import kernel_threads
 
+        pair_kernels = _pair_kernels()
         kernel_threads()
         empty = True
         for block, mask in self._blocks():

@@ -29,6 +29,12 @@ The pipeline, one stage per module, imports in one direction (each module import
     rounds.py         Search: the uncertified queries searched again with twice the candidates, until
                       every query is proven exact
 
+Beside the search, the passes over every pair read ``key_blocks.py``: the float32 stage-1 keys of every
+(query, item) pair, block by block (symmetric blocks, each serving both orders, for a set against itself),
+with how a key maps to a distance. ``compiled/count_kernels.py`` counts them against per-query thresholds
+(the full-ranking ranks, ``functional._full_ranking``); ``compiled/pair_kernels.py`` histograms and lists
+their buckets (FNMR@FMR and the DET curve, ``functional._pair_passes``).
+
 What each stage proves: stage 1 proves nothing about order; it guarantees, through the floor, that every
 non-candidate's key is at least the floor. ``certify.key_tolerance`` bounds the float32 rounding of any
 key rigorously, so a certified query's answer equals the exact answer of the canonical float64 distances,

@@ -9,7 +9,7 @@ products). :class:`KeyForm` turns a key into the pair's float32 distance.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import torch
@@ -60,6 +60,7 @@ def key_blocks(problem: Problem, rows: Tensor, chunk_size: int | None, symmetric
     """Blocks of stage-1 keys of the queries ``rows`` (``symmetric``: every query, the set against itself)."""
     gallery, gallery_sq = problem.stage_gallery()
     n_rows, n_cols = rows.numel(), gallery.shape[0]
+    keys: Callable[[slice, slice], Tensor]
     if symmetric:
         keys = SymmetricKeys(gallery, None if gallery_sq is None else gallery_sq / 2)
         side = min(plan.SYMMETRIC_KEY_TILE, chunk_size or plan.SYMMETRIC_KEY_TILE)
