@@ -73,6 +73,10 @@ def family(key: str) -> set[str]:
     if category:
         families.add("{category}/{key}")
         key = category.group(2)
+    interval = re.fullmatch(r"(.+)/(ci_low|ci_high)", key)
+    if interval:
+        families.add(f"{{key}}/{interval.group(2)}")
+        key = interval.group(1)
     per_class = re.fullmatch(r"(.+)/class/[^/]+", key)
     if per_class:
         families.add("{key}/class/{label}")
@@ -94,6 +98,7 @@ def test_family() -> None:
     assert family("20/pcf/0.5") == {"pcf/{r}", "{category}/{key}"}
     assert family("val/10/map") == {"map", "{category}/{key}", "{prefix}{key}"}
     assert family("new_metric/3") == {"new_metric/{k}"}
+    assert family("10/cmc/5/ci_low") == {"cmc/{k}", "{category}/{key}", "{key}/ci_low"}
 
 
 def test_the_page_has_examples() -> None:
@@ -154,6 +159,7 @@ def _returned_keys() -> set[str]:
     categories = torch.arange(40) % 2 + 10
     keys = set(retrieval_metrics(x, labels, **options))
     keys |= set(retrieval_metrics(x, labels, categories=categories, per_class=True, **options))
+    keys |= set(retrieval_metrics(x, labels, categories=categories, confidence_level=0.9, n_bootstrap=20, **options))
     metric = EmbeddingMetrics(prefix=PREFIX, per_class=True, **options)
     metric.update(x, labels, categories=categories)
     keys |= set(metric.compute())

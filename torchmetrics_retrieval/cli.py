@@ -93,8 +93,10 @@ def _add_option_flags(parser: argparse.ArgumentParser, defaults: dict[str, Any])
             group.add_argument(f"--no-{flag[2:]}", dest=name, action="store_false", help=argparse.SUPPRESS)
         elif kind.name == "choice":
             group.add_argument(*flags, choices=kind.choices, **common)
-        elif kind.name == "positive_int_or_none":
+        elif kind.name in ("positive_int_or_none", "positive_int", "seed"):
             group.add_argument(*flags, type=int, metavar="N", **common)
+        elif kind.name == "level_or_none":
+            group.add_argument(*flags, type=float, metavar="C", **common)
 
 
 def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> RetrievalOptions:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
+from torchmetrics_retrieval.functional._bootstrap import check_confidence_level, check_seed
 from torchmetrics_retrieval.functional._checks import (
     check_choice,
     check_fractions,
@@ -32,8 +33,9 @@ class OptionKind:
     """How an option's value is checked and normalised.
 
     Attributes:
-        name: ``"cutoffs"``, ``"fractions"``, ``"bool"``, ``"choice"``, ``"positive_int_or_none"`` or
-            ``"callable_or_none"`` (the command line picks its argument type by it).
+        name: ``"cutoffs"``, ``"fractions"``, ``"bool"``, ``"choice"``, ``"positive_int_or_none"``,
+            ``"callable_or_none"``, ``"level_or_none"``, ``"positive_int"`` or ``"seed"`` (the command line picks its
+            argument type by it).
         check: ``check(option_name, value)`` returns the normalised value or raises ``TypeError``/``ValueError``
             naming the option.
         choices: the allowed values of a ``"choice"``.
@@ -60,6 +62,10 @@ def _check_callable_or_none(name: str, value: Any) -> Any:
     return value
 
 
+def _check_level_or_none(name: str, value: Any) -> float | None:
+    return None if value is None else check_confidence_level(name, value)
+
+
 def _choice(choices: tuple[Any, ...]) -> OptionKind:
     return OptionKind("choice", lambda name, value: check_choice(name, value, choices), choices)
 
@@ -69,6 +75,9 @@ FRACTIONS = OptionKind("fractions", check_fractions)
 BOOL = OptionKind("bool", _check_bool)
 POSITIVE_INT_OR_NONE = OptionKind("positive_int_or_none", _check_positive_int_or_none)
 CALLABLE_OR_NONE = OptionKind("callable_or_none", _check_callable_or_none)
+LEVEL_OR_NONE = OptionKind("level_or_none", _check_level_or_none)
+POSITIVE_INT = OptionKind("positive_int", check_positive_int)
+SEED = OptionKind("seed", check_seed)
 DISTANCE = _choice(DISTANCES)
 PRECISION_MODE = _choice(("min_k_n", "standard"))
 EMPTY_TARGET_ACTION = _choice(EMPTY_TARGET_ACTIONS)
@@ -128,6 +137,12 @@ class RetrievalOptions:
         compare=False,  # left out of ==: a function compares by identity
         metadata=_spec(CALLABLE_OR_NONE, "custom relevance fn(query_labels[:, None], gallery_labels[None])"),
     )
+    confidence_level: float | None = field(
+        default=None,
+        metadata=_spec(LEVEL_OR_NONE, "percentile-bootstrap interval of every ranking key ({key}/ci_low, /ci_high)"),
+    )
+    n_bootstrap: int = field(default=1000, metadata=_spec(POSITIVE_INT, "bootstrap resamples of the intervals"))
+    seed: int = field(default=0, metadata=_spec(SEED, "seed of the bootstrap resamples"))
     knn_backend: KNNBackend = field(default="auto", metadata=_spec(KNN_BACKEND, "kNN backend"))
     chunk_size: int | None = field(
         default=None, metadata=_spec(POSITIVE_INT_OR_NONE, "rows per distance block (None: from a memory budget)")

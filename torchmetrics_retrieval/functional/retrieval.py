@@ -14,11 +14,12 @@ Result keys (defined in docs/definitions.md): ``cmc/{k}``, ``precision/{k}``, ``
 from __future__ import annotations
 
 import warnings
-from typing import Any, Literal, overload
+from typing import Any, Literal, cast, overload
 
 import torch
 from torch import Tensor
 
+from torchmetrics_retrieval.functional._bootstrap import bootstrap_interval
 from torchmetrics_retrieval.functional._checks import describe
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._per_query import RetrievalResult, per_query
@@ -122,11 +123,56 @@ def reduce_per_query(result: RetrievalResult, options: RetrievalOptions) -> dict
     else:
         overall = _masked_mean_compute(table, counted, name=", ".join(keys))
     metrics.update(zip(keys, overall.unbind(), strict=True))
+    if options.confidence_level is not None:
+        metrics.update(_intervals(keys, table, counted, result.query_labels, options))
     if options.per_class:
         metrics.update(_grouped_keys(keys, table, counted, result.query_labels, "{key}/class/{group}"))
     if result.query_categories is not None:
         metrics.update(_grouped_keys(keys, table, counted, result.query_categories, "{group}/{key}"))
+        if options.confidence_level is not None:
+            metrics.update(_category_intervals(keys, table, counted, result, options))
     return metrics
+
+
+def _intervals(
+    keys: list[str], table: Tensor, counted: Tensor, labels: Tensor, options: RetrievalOptions, prefix: str = ""
+) -> dict[str, Tensor]:
+    """``{key}/ci_low`` and ``{key}/ci_high`` of every key: the percentile bootstrap over the counted queries of
+    the mean the key reports (with ``avg_of_avgs``, of the average of per-label means, resampled as one)."""
+    rows = torch.nonzero(counted).flatten()
+    if rows.numel() == 0:
+        nan = torch.full((), float("nan"), dtype=table.dtype, device=table.device)
+        return {f"{prefix}{key}/{end}": nan for key in keys for end in ("ci_low", "ci_high")}
+    groups = None
+    if options.avg_of_avgs:
+        chosen = labels[rows]
+        _, groups = torch.unique(chosen, dim=0 if chosen.ndim == 2 else None, return_inverse=True)
+    assert options.confidence_level is not None
+    low, high = bootstrap_interval(
+        table[rows],
+        confidence_level=options.confidence_level,
+        n_bootstrap=options.n_bootstrap,
+        seed=options.seed,
+        groups=groups,
+    )
+    ends = {f"{prefix}{key}/ci_low": value for key, value in zip(keys, low.unbind(), strict=True)}
+    ends.update({f"{prefix}{key}/ci_high": value for key, value in zip(keys, high.unbind(), strict=True)})
+    return ends
+
+
+def _category_intervals(
+    keys: list[str], table: Tensor, counted: Tensor, result: RetrievalResult, options: RetrievalOptions
+) -> dict[str, Tensor]:
+    """The intervals of the per-category keys, each resampled within its category. A loop over the categories
+    (a handful: shop / consumer photos, seen / unseen classes), each one vectorised over its queries."""
+    categories = cast(Tensor, result.query_categories)
+    distinct = torch.unique(categories)
+    ends: dict[str, Tensor] = {}
+    for name, value in zip(label_names(distinct), distinct.unbind(), strict=True):
+        inside = categories == value
+        if bool((counted & inside).any()):
+            ends.update(_intervals(keys, table, counted & inside, result.query_labels, options, prefix=f"{name}/"))
+    return ends
 
 
 def _extra_metrics(
