@@ -25,7 +25,7 @@ from torch import Tensor
 import torchmetrics_retrieval.functional as F
 import torchmetrics_retrieval.metrics as M
 from torchmetrics_retrieval.compat import nidl, oml, pml
-from torchmetrics_retrieval.metrics import PCF, ContrastiveAccuracy, EmbeddingMetrics, FNMRAtFMR
+from torchmetrics_retrieval.metrics import PCF, ContrastiveAccuracy, CrossModalRetrieval, EmbeddingMetrics, FNMRAtFMR
 
 # ---- data ------------------------------------------------------------------------------------------------------------
 
@@ -163,6 +163,10 @@ PAIR_OPTION_CASES = [
     bad("label_comparison_fn not callable", "label_comparison_fn", label_comparison_fn=3),
 ]
 OPTION_CASES = [  # the options of retrieval_metrics (RetrievalOptions fields)
+    bad("confidence_level 1", "confidence_level", confidence_level=1.0),
+    bad("confidence_level str", "confidence_level", confidence_level="0.95"),
+    bad("n_bootstrap 0", "n_bootstrap", n_bootstrap=0),
+    bad("seed -1", "seed", seed=-1),
     bad("cmc_top_k 0", "cmc_top_k", cmc_top_k=(0,)),
     bad("cmc_top_k 1.5", "cmc_top_k", cmc_top_k=(1.5,)),
     bad("precision_top_k str", "precision_top_k", precision_top_k="5"),
@@ -420,6 +424,29 @@ FUNCTIONS: dict[str, Entry] = {
             bad("per_query_a 2-D", "per_query_a", per_query_a=torch.zeros(3, 1)),
             bad("per_query_b length", "per_query_b", per_query_b=torch.tensor([0.1, 0.2])),
             bad("per_query_b NaN", "per_query_b", per_query_b=torch.tensor([0.1, float("nan"), 0.3])),
+            bad(
+                "per_query_b ids misaligned",
+                "per_query_b",
+                per_query_a=(torch.tensor([0, 1, 2]), torch.tensor([0.1, 0.5, 0.3])),
+                per_query_b=(torch.tensor([0, 1, 5]), torch.tensor([0.2, 0.5, 0.6])),
+            ),
+            bad(
+                "per_query_a ids repeated",
+                "per_query_a",
+                per_query_a=(torch.tensor([0, 1, 1]), torch.tensor([0.1, 0.5, 0.3])),
+                per_query_b=(torch.tensor([0, 1, 2]), torch.tensor([0.2, 0.5, 0.6])),
+            ),
+            bad(
+                "per_query_b a tensor beside a pair",
+                "per_query_b",
+                per_query_a=(torch.tensor([0, 1, 2]), torch.tensor([0.1, 0.5, 0.3])),
+            ),
+            bad(
+                "per_query_a ids float",
+                "per_query_a",
+                per_query_a=(torch.tensor([0.0, 1, 2]), torch.tensor([0.1, 0.5, 0.3])),
+                per_query_b=(torch.tensor([0, 1, 2]), torch.tensor([0.2, 0.5, 0.6])),
+            ),
             bad("test unknown", "test", test="wilcoxon"),
             bad("confidence_level 1", "confidence_level", confidence_level=1.0),
             bad("n_resamples 0", "n_resamples", n_resamples=0),
@@ -727,6 +754,21 @@ METRICS: dict[str, MetricEntry] = {
             bad("embeddings columns unlike the stored", "embeddings", embeddings=X[:, :2]),
             bad("indexes length", "indexes", indexes=torch.arange(5)),
             bad("indexes float", "indexes", indexes=torch.arange(6.0)),
+        ],
+    ),
+    "CrossModalRetrieval": MetricEntry(
+        CrossModalRetrieval,
+        {"cmc_top_k": (1, 2), "mrr": True},
+        {"embeddings_a": X, "ids_a": Y, "embeddings_b": X + 0.1, "ids_b": Y},
+        [*OPTION_CASES, bad("prefix not a str", "prefix", prefix=3)],
+        [
+            *update_embedding_cases("embeddings_a"),
+            bad("embeddings_b columns unlike the stored", "embeddings_b", embeddings_b=X[:, :2]),
+            bad("ids_a float", "ids_a", ids_a=Y.float()),
+            bad("ids_b length", "ids_b", ids_b=Y[:5]),
+            bad("ids_a without embeddings_a", "embeddings_a", embeddings_a=None),
+            bad("embeddings_b without ids_b", "ids_b", ids_b=None),
+            bad("indexes_a float", "indexes_a", indexes_a=torch.arange(6.0)),
         ],
     ),
     "ContrastiveAccuracy": MetricEntry(

@@ -6,8 +6,17 @@ pytorch-metric-learning, open-metric-learning and nidl.
 """
 
 from torchmetrics_retrieval import functional, plotting
-from torchmetrics_retrieval.metrics import PCF, ContrastiveAccuracy, EmbeddingMetrics, FNMRAtFMR
+from torchmetrics_retrieval.metrics import PCF, ContrastiveAccuracy, CrossModalRetrieval, EmbeddingMetrics, FNMRAtFMR
 
 __version__ = "0.1.0"
 
-__all__ = ["PCF", "ContrastiveAccuracy", "EmbeddingMetrics", "FNMRAtFMR", "__version__", "functional", "plotting"]
+__all__ = [
+    "PCF",
+    "ContrastiveAccuracy",
+    "CrossModalRetrieval",
+    "EmbeddingMetrics",
+    "FNMRAtFMR",
+    "__version__",
+    "functional",
+    "plotting",
+]

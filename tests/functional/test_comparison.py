@@ -313,3 +313,26 @@ def test_bootstrap_interval_errors_name_the_argument(kwargs: dict[str, Any], nam
     call = {"values": torch.tensor([0.1, 0.5, 0.3]), **kwargs}
     with pytest.raises(error, match=f"`{name}`"):
         bootstrap_interval(**call)
+
+
+def test_id_value_pairs_are_aligned_by_id() -> None:
+    """Two models' ``(ids, values)`` in different query orders compare as the aligned vectors do."""
+    from torchmetrics_retrieval import EmbeddingMetrics
+
+    g = torch.Generator().manual_seed(5)
+    labels = torch.randint(0, 6, (60,), generator=g)
+    x_a = torch.randn(60, 4, generator=g) + labels[:, None].float()
+    x_b = x_a + 0.8 * torch.randn(60, 4, generator=g)
+    pairs = []
+    for x, order in ((x_a, torch.arange(60)), (x_b, torch.randperm(60, generator=g))):
+        metric = EmbeddingMetrics(cmc_top_k=(1,), precision_top_k=(), map_top_k=(), map_at_r=True)
+        for rows in order.split(13):
+            metric.update(x[rows], labels[rows], indexes=rows + 1000)
+        pairs.append(metric.per_query_values("map_at_r"))
+    ids_a, values_a = pairs[0]
+    ids_b, values_b = pairs[1]
+    assert sorted(ids_a.tolist()) == sorted(ids_b.tolist()) == list(range(1000, 1060))
+    aligned_b = values_b[torch.argsort(ids_b)][torch.argsort(torch.argsort(ids_a))]
+    assert compare_models(pairs[0], pairs[1]) == compare_models(values_a, aligned_b)
+    shuffled = torch.randperm(60, generator=g)
+    assert compare_models(pairs[0], (ids_b[shuffled], values_b[shuffled])) == compare_models(values_a, aligned_b)

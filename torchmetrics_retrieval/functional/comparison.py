@@ -79,7 +79,40 @@ def _check_per_query(name: str, value: Any) -> Tensor:
     return value
 
 
+def _check_ids(name: str, pair: Any) -> tuple[Tensor, Tensor]:
+    """An ``(ids, values)`` pair: 1-D integer ids, distinct, one per value."""
+    if not (isinstance(pair, tuple) and len(pair) == 2):
+        raise TypeError(f"`{name}` must be an (ids, values) pair like the other model's, got {describe(pair)}.")
+    ids, values = pair
+    if not isinstance(ids, Tensor) or ids.ndim != 1 or ids.is_floating_point() or ids.dtype == torch.bool:
+        raise TypeError(f"`{name}` ids must be a 1-D integer torch.Tensor, got {describe(ids)}.")
+    values = _check_per_query(name, values)
+    check_same_length(name, ids, values.shape[0], f"{name} values")
+    if torch.unique(ids).numel() != ids.numel():
+        raise ValueError(f"`{name}` ids must be distinct, got {ids.numel() - torch.unique(ids).numel()} repeated.")
+    return ids, values
+
+
+def _aligned(per_query_a: Any, per_query_b: Any) -> tuple[Tensor, Tensor]:
+    """Two models' ``(ids, values)`` pairs (``EmbeddingMetrics.per_query_values``) as values in one query order."""
+    ids_a, a = _check_ids("per_query_a", per_query_a)
+    ids_b, b = _check_ids("per_query_b", per_query_b)
+    ids_a, order_a = torch.sort(ids_a)
+    ids_b, order_b = torch.sort(ids_b.to(ids_a.device))
+    if not torch.equal(ids_a, ids_b):
+        only_a = int((~torch.isin(ids_a, ids_b)).sum())
+        only_b = int((~torch.isin(ids_b, ids_a)).sum())
+        raise ValueError(
+            f"`per_query_b` must cover the queries of `per_query_a`, got {only_a} ids only in `per_query_a` and "
+            f"{only_b} only in `per_query_b`: evaluate both models on the same queries (and the same "
+            "empty_target_action)."
+        )
+    return a[order_a], b[order_b]
+
+
 def _compare_models_tensor_validation(per_query_a: Any, per_query_b: Any) -> tuple[Tensor, Tensor]:
+    if isinstance(per_query_a, tuple) or isinstance(per_query_b, tuple):
+        per_query_a, per_query_b = _aligned(per_query_a, per_query_b)
     a = _check_per_query("per_query_a", per_query_a)
     b = _check_per_query("per_query_b", per_query_b)
     check_same_length("per_query_b", b, a.shape[0], "per_query_a")
@@ -173,8 +206,8 @@ def _bootstrap_p_value(d: Tensor, bootstrap_means: Tensor) -> float:
 
 
 def compare_models(
-    per_query_a: Tensor,
-    per_query_b: Tensor,
+    per_query_a: Tensor | tuple[Tensor, Tensor],
+    per_query_b: Tensor | tuple[Tensor, Tensor],
     *,
     test: ComparisonTest = "paired_t",
     confidence_level: float = 0.95,
@@ -188,8 +221,10 @@ def compare_models(
     random draws come from a CPU generator whatever the device.
 
     Args:
-        per_query_a: ``(n,)`` finite floating values of model a, one per query, ``n >= 2``.
-        per_query_b: ``(n,)`` values of model b on the same queries in the same order, on the same device.
+        per_query_a: ``(n,)`` finite floating values of model a, one per query, ``n >= 2``; or an ``(ids, values)``
+            pair (``EmbeddingMetrics.per_query_values``), then aligned with ``per_query_b``'s by id.
+        per_query_b: ``(n,)`` values of model b on the same queries in the same order, on the same device; or
+            an ``(ids, values)`` pair with the same ids (in any order).
         test: ``"paired_t"``, ``"randomization"`` or ``"bootstrap"``.
         confidence_level: coverage of the interval, in (0, 1).
         n_resamples: number of bootstrap resamples (the interval, the bootstrap test) and of random sign vectors

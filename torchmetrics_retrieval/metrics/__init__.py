@@ -5,8 +5,9 @@ The classes that keep every sample share :class:`~torchmetrics_retrieval.metrics
 """
 
 from torchmetrics_retrieval.metrics.contrastive import ContrastiveAccuracy
+from torchmetrics_retrieval.metrics.cross_modal import CrossModalRetrieval
 from torchmetrics_retrieval.metrics.embedding import EmbeddingMetrics
 from torchmetrics_retrieval.metrics.topology import PCF
 from torchmetrics_retrieval.metrics.verification import FNMRAtFMR
 
-__all__ = ["PCF", "ContrastiveAccuracy", "EmbeddingMetrics", "FNMRAtFMR"]
+__all__ = ["PCF", "ContrastiveAccuracy", "CrossModalRetrieval", "EmbeddingMetrics", "FNMRAtFMR"]

@@ -86,8 +86,7 @@ class SampleAccumulator(Metric):
 
     Subclasses set ``_fields`` (the first field fixes the batch length and must be non-optional), call
     ``self._store(**batch)`` in ``update`` and implement ``_compute_samples(fields, indexes)``, which
-    receives the output of :meth:`_collect`. A field named ``"indexes"`` (kind ``"indexes"``) enables the
-    de-duplication.
+    receives the output of :meth:`_collect`. A field of kind ``"indexes"`` enables the de-duplication.
     """
 
     _fields: tuple[FieldSpec, ...] = ()
@@ -152,7 +151,8 @@ class SampleAccumulator(Metric):
                 f"{self.__class__.__name__}.compute() needs at least one sample, got none: call update() with a "
                 "non-empty batch first (on at least one process)."
             )
-        indexes = fields.pop("indexes", None)
+        index_field = next((spec.name for spec in self._fields if spec.kind == "indexes"), None)
+        indexes = None if index_field is None else fields.pop(index_field)
         if indexes is None:
             return fields, None
         return deduplicate(fields, indexes)

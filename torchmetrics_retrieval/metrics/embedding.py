@@ -10,6 +10,7 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional._checks import check_positive_int, describe
 from torchmetrics_retrieval.functional._options import option_fields
+from torchmetrics_retrieval.functional.reduction import _apply_empty_target_action_compute
 from torchmetrics_retrieval.functional.retrieval import RetrievalOptions, RetrievalResult, evaluate
 from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator, upcast_half
 
@@ -194,6 +195,35 @@ class EmbeddingMetrics(SampleAccumulator):
         if metric not in result.values and self.prefix and metric.startswith(self.prefix):
             metric = metric[len(self.prefix) :]
         return result.worst_queries(metric, n)
+
+    def per_query_values(self, metric: str) -> tuple[Tensor, Tensor]:
+        """``(ids, values)`` of the counted queries for ``metric``, to compare two models query by query.
+
+        ``ids`` are the queries' dataset indexes when ``indexes`` were given, else their positions in the
+        accumulated set; ``values`` are after ``empty_target_action``. Give two models' pairs to
+        :func:`~torchmetrics_retrieval.functional.compare_models`, which aligns them by ``ids``.
+
+        Example:
+            >>> metric = EmbeddingMetrics(cmc_top_k=(1,), precision_top_k=(), map_top_k=())
+            >>> metric.update(torch.tensor([[0.0], [0.1], [5.0], [9.0]]), torch.tensor([0, 0, 1, 0]),
+            ...               indexes=torch.tensor([7, 3, 5, 1]))
+            >>> ids, values = metric.per_query_values("cmc/1")  # index 5 is alone with its label: not counted
+            >>> ids.tolist(), values.tolist()
+            ([1, 3, 7], [0.0, 1.0, 1.0])
+        """
+        if self._per_query is None:
+            self.compute()
+        result = self._require_per_query()
+        if metric not in result.values and self.prefix and metric.startswith(self.prefix):
+            metric = metric[len(self.prefix) :]
+        if metric not in result.values:
+            raise ValueError(f"`metric` must be one of the per-query keys {sorted(result.values)}, got {metric!r}.")
+        values, counted = _apply_empty_target_action_compute(
+            result.values[metric][:, None], result.n_relevant, self.options.empty_target_action
+        )
+        positions = result.query_positions[counted]
+        ids = positions if self._sample_indexes is None else self._sample_indexes[positions]
+        return ids, values[counted, 0]
 
     def _require_per_query(self) -> RetrievalResult:
         if self._per_query is None:

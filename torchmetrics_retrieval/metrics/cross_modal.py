@@ -1,0 +1,173 @@
+"""``CrossModalRetrieval``: ranking metrics between two modalities (images and captions, audio and text), both ways."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, cast
+
+import torch  # noqa: F401  (the examples of the docstrings run with this module's globals)
+from torch import Tensor
+from torchmetrics import Metric
+
+from torchmetrics_retrieval.functional._checks import describe
+from torchmetrics_retrieval.functional._options import option_fields
+from torchmetrics_retrieval.functional.retrieval import RetrievalOptions, evaluate
+from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator, upcast_half, validate_batch
+
+__all__ = ["CrossModalRetrieval"]
+
+_OPTION_NAMES = frozenset(option_fields())
+#: Where this class's defaults differ from ``retrieval_metrics``'s: image-text evaluation reports recall@1/5/10
+#: (``cmc/{k}``: is one of the query's group in the top k) on cosine similarity.
+_DEFAULTS: dict[str, Any] = {"cmc_top_k": (1, 5, 10), "precision_top_k": (), "map_top_k": (), "distance": "cosine"}
+
+
+class _Side(SampleAccumulator):
+    """The samples of one modality (``side`` "a" or "b": the fields are named as ``update``'s arguments, so that
+    errors name them): embeddings, group ids, optional dataset indexes (gathered, de-duplicated)."""
+
+    def __init__(self, side: str, **kwargs: Any) -> None:
+        self.side = side
+        self._fields = (
+            FieldSpec(f"embeddings_{side}", "embeddings"),
+            FieldSpec(f"ids_{side}", "ids"),
+            FieldSpec(f"indexes_{side}", "indexes", optional=True),
+        )
+        super().__init__(**kwargs)
+
+    def update(self, batch: dict[str, Tensor | None]) -> None:
+        self._store(**batch)
+
+    def _compute_samples(self, fields: dict[str, Tensor | None], indexes: Tensor | None) -> tuple[Tensor, Tensor]:
+        return upcast_half(cast(Tensor, fields[f"embeddings_{self.side}"])), cast(Tensor, fields[f"ids_{self.side}"])
+
+
+class CrossModalRetrieval(Metric):
+    r"""Every ranking metric of ``EmbeddingMetrics`` between two sets A and B, in both directions.
+
+    Each item carries the integer id of its group (an image and its five captions share one id). ``a_to_b``
+    ranks all of B for every A item, relevant = same id; ``b_to_a`` the reverse. Keys: ``a_to_b/{key}`` and
+    ``b_to_a/{key}`` (definitions: docs/definitions.md). With A = images and B = captions, CLIP-style
+    "text retrieval recall@k" is ``a_to_b/cmc/{k}`` and "image retrieval recall@k" is ``b_to_a/cmc/{k}``.
+
+    A batch may hold either side or both (``update(embeddings_a=..., ids_a=...)``, ``update(embeddings_b=...,
+    ids_b=...)``). Under DDP both sides are gathered and, with ``indexes_a`` / ``indexes_b``, de-duplicated and
+    ordered by index as in ``EmbeddingMetrics`` (ties then never depend on the number of processes).
+
+    Args:
+        prefix: string put before every key.
+        kwargs: the retrieval options (the fields of ``RetrievalOptions``); the defaults differ in
+            ``cmc_top_k=(1, 5, 10)``, ``precision_top_k=()``, ``map_top_k=()`` and ``distance="cosine"``. Any
+            other keyword goes to torchmetrics (``process_group``, ``dist_sync_fn``, ...).
+
+    Example:
+        >>> images = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+        >>> captions = torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.1, 0.9]])
+        >>> metric = CrossModalRetrieval(cmc_top_k=(1,))
+        >>> metric.update(embeddings_a=images, ids_a=torch.tensor([0, 1]))
+        >>> metric.update(embeddings_b=captions, ids_b=torch.tensor([0, 1, 1, 1]))
+        >>> {key: round(float(value), 4) for key, value in metric.compute().items()}
+        {'a_to_b/cmc/1': 1.0, 'b_to_a/cmc/1': 0.75}
+    """
+
+    is_differentiable = False
+    higher_is_better = True
+    full_state_update = False
+
+    def __init__(self, *, prefix: str = "", **kwargs: Any) -> None:
+        given = {name: kwargs.pop(name) for name in _OPTION_NAMES & kwargs.keys()}
+        options = RetrievalOptions.create(**{**_DEFAULTS, **given})
+        if not isinstance(prefix, str):
+            raise TypeError(f"`prefix` must be a str, got {describe(prefix)}.")
+        super().__init__(**kwargs)
+        self.options, self.prefix = options, prefix
+        self.side_a, self.side_b = _Side("a", **kwargs), _Side("b", **kwargs)
+
+    def update(
+        self,
+        embeddings_a: Tensor | None = None,
+        ids_a: Tensor | None = None,
+        embeddings_b: Tensor | None = None,
+        ids_b: Tensor | None = None,
+        *,
+        indexes_a: Tensor | None = None,
+        indexes_b: Tensor | None = None,
+    ) -> None:
+        """Store the given side(s) of a batch; nothing is stored when a check fails.
+
+        Args:
+            embeddings_a, ids_a: ``(B, D)`` A embeddings and their ``(B,)`` integer group ids (both or neither).
+            embeddings_b, ids_b: the same for B (``D`` as A's).
+            indexes_a, indexes_b: optional ``(B,)`` dataset indexes of each side (de-duplication under DDP).
+        """
+        sides = []
+        for side, name, embeddings, ids, indexes in (
+            (self.side_a, "a", embeddings_a, ids_a, indexes_a),
+            (self.side_b, "b", embeddings_b, ids_b, indexes_b),
+        ):
+            if (embeddings is None) != (ids is None) or (embeddings is None and indexes is not None):
+                given = [f"{arg}_{name}" for arg, v in (("embeddings", embeddings), ("ids", ids)) if v is not None]
+                raise ValueError(
+                    f"`embeddings_{name}` and `ids_{name}` must be given together (and `indexes_{name}` only with "
+                    f"them), got {given or 'neither'}" + (f" and `indexes_{name}`" if indexes is not None else "")
+                    + "."
+                )  # fmt: skip
+            if embeddings is not None:
+                batch = {f"embeddings_{name}": embeddings, f"ids_{name}": ids, f"indexes_{name}": indexes}
+                validate_batch(side._fields, batch, side._previous_batch())  # both sides checked before storing
+                sides.append((side, batch))
+        if not sides:
+            raise ValueError("`update` needs `embeddings_a`/`ids_a` or `embeddings_b`/`ids_b`, got neither.")
+        for side, batch in sides:
+            side.update(batch)
+
+    def compute(self) -> dict[str, Tensor]:
+        """Both directions' metrics over every accumulated (and gathered) sample."""
+        embeddings_a, ids_a = self._side_samples(self.side_a, "A")
+        embeddings_b, ids_b = self._side_samples(self.side_b, "B")
+        if embeddings_a.shape[1] != embeddings_b.shape[1]:
+            raise ValueError(
+                f"`embeddings_a` and `embeddings_b` must have the same dimension, got {embeddings_a.shape[1]} and "
+                f"{embeddings_b.shape[1]}."
+            )
+        metrics: dict[str, Tensor] = {}
+        for direction, query, query_ids, gallery, gallery_ids in (
+            ("a_to_b", embeddings_a, ids_a, embeddings_b, ids_b),
+            ("b_to_a", embeddings_b, ids_b, embeddings_a, ids_a),
+        ):
+            values, _ = evaluate(query, query_ids, gallery, gallery_ids, self.options, keep_neighbours=False)
+            metrics.update({f"{self.prefix}{direction}/{key}": value for key, value in values.items()})
+        return metrics
+
+    @staticmethod
+    def _side_samples(side: _Side, name: str) -> tuple[Tensor, Tensor]:
+        try:
+            with warnings.catch_warnings():  # a side another process fed is fine; one nobody fed raises below
+                warnings.filterwarnings("ignore", message=".*was called before the ``update`` method.*")
+                return cast(tuple[Tensor, Tensor], side.compute())
+        except ValueError as error:
+            if "needs at least one sample" not in str(error):
+                raise
+            raise ValueError(
+                f"CrossModalRetrieval.compute() needs samples of both sides, got none of side {name} (on any process)."
+            ) from None
+
+    @property
+    def metric_state(self) -> dict[str, Any]:
+        """The states of both sides (``embeddings_a``, ``ids_a``, ..., ``indexes_b``)."""
+        return {**self.side_a.metric_state, **self.side_b.metric_state}
+
+    def reset(self) -> None:
+        """Forget both sides' samples."""
+        super().reset()
+        self.side_a.reset()
+        self.side_b.reset()
+
+    def forward(self, *args: Any, **kwargs: Any) -> dict[str, Tensor]:
+        """Store the batch and return the metrics of this batch alone ({} when it holds only one side)."""
+        self.update(*args, **kwargs)
+        alone = CrossModalRetrieval(prefix=self.prefix, sync_on_compute=False, **self.options.as_dict())
+        alone.update(*args, **kwargs)
+        if not (len(alone.side_a.embeddings_a) and len(alone.side_b.embeddings_b)):
+            return {}
+        return alone.compute()
