@@ -121,3 +121,35 @@ def test_missing_matplotlib_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> 
         metric.plot()
     with pytest.raises(ImportError, match="plot"):
         metric.plot_curve()
+
+
+def test_forest_plot_draws_each_model_value_and_interval() -> None:
+    from torchmetrics_retrieval.plotting import plot_forest
+
+    a = {"cmc/1": torch.tensor(0.5), "cmc/1/ci_low": torch.tensor(0.4), "cmc/1/ci_high": torch.tensor(0.7)}
+    a |= {"map": torch.tensor(0.3), "map/ci_low": torch.tensor(0.25), "map/ci_high": torch.tensor(0.32)}
+    b = {key: value + 0.1 for key, value in a.items()}
+    _, ax = plot_forest({"a": a, "b": b})
+    assert [label.get_text() for label in ax.get_yticklabels()] == ["map", "cmc/1"]  # first key on top
+    points = [line.get_xdata() for line in ax.get_lines() if line.get_marker() == "o"]
+    assert [list(map(float, xs)) for xs in points] == [pytest.approx([0.5, 0.3]), pytest.approx([0.6, 0.4])]
+    bars = [collection for collection in ax.collections]  # one LineCollection of interval bars per model
+    segments = [[(float(s[0][0]), float(s[1][0])) for s in bar.get_segments()] for bar in bars]
+    assert segments[0] == [pytest.approx((0.4, 0.7)), pytest.approx((0.25, 0.32))]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["a", "b"]
+    with pytest.raises(ValueError, match="`results` must hold every key and its interval"):
+        plot_forest({"a": a, "c": {"cmc/1": torch.tensor(0.5)}})
+    with pytest.raises(ValueError, match="`results` must hold at least one"):
+        plot_forest({})
+
+
+def test_embedding_metrics_plot_of_a_result_with_intervals_is_a_forest_plot() -> None:
+    metric = EmbeddingMetrics(cmc_top_k=(1,), precision_top_k=(), map_top_k=(), confidence_level=0.9, n_bootstrap=50)
+    g = torch.Generator().manual_seed(0)
+    labels = torch.arange(40) % 4
+    metric.update(torch.randn(40, 3, generator=g) + labels[:, None], labels)
+    value = metric.compute()
+    _, ax = metric.plot(value)
+    assert [label.get_text() for label in ax.get_yticklabels()] == ["cmc/1"]
+    (points,) = [line for line in ax.get_lines() if line.get_marker() == "o"]
+    assert float(points.get_xdata()[0]) == pytest.approx(float(value["cmc/1"]))

@@ -1,4 +1,5 @@
-"""Matplotlib figures for retrieval results: metric values, CMC / precision@k curves, the worst queries.
+"""Matplotlib figures for retrieval results: metric values, CMC / precision@k curves, the worst queries, and
+forest plots of several models' metrics with their confidence intervals.
 
 matplotlib is an optional dependency (the ``plot`` extra); it is imported inside the functions, and a
 missing install raises an ``ImportError`` that says how to get it. Every function returns
@@ -19,7 +20,7 @@ from torchmetrics_retrieval.functional._checks import check_choice, check_positi
 from torchmetrics_retrieval.functional.reduction import EmptyTargetAction, apply_empty_target_action, masked_mean
 from torchmetrics_retrieval.functional.retrieval import RetrievalResult
 
-__all__ = ["cmc_curve", "plot_cmc_curve", "plot_curve", "plot_worst_queries", "require_matplotlib"]
+__all__ = ["cmc_curve", "plot_cmc_curve", "plot_curve", "plot_forest", "plot_worst_queries", "require_matplotlib"]
 
 Curve = Literal["cmc", "precision"]
 
@@ -245,3 +246,56 @@ def plot_worst_queries(
             _frame(ax, "tab:green" if bool(result.is_relevant[q, col - 1]) else "tab:red")
     fig.tight_layout()
     return fig, axes
+
+
+def plot_forest(
+    results: dict[str, dict[str, Tensor]], keys: list[str] | None = None, *, ax: Any = None
+) -> tuple[Any, Any]:
+    """A forest plot: one row per metric key, one point per model with its confidence interval as a bar.
+
+    Args:
+        results: model name -> a result of ``retrieval_metrics`` / ``compute()`` with ``confidence_level`` set
+            (the keys ``{key}``, ``{key}/ci_low``, ``{key}/ci_high``).
+        keys: the metric keys to show, top to bottom (default: every key of the first result that has an
+            interval, in its order).
+        ax: a matplotlib axis, or None for a new figure.
+
+    Returns:
+        ``(figure or None, axis)``.
+
+    Raises:
+        ValueError: for no model, or a key without its value or interval in some model's result.
+
+    Example:
+        >>> import matplotlib; matplotlib.use("Agg")
+        >>> a = {"map": torch.tensor(0.41), "map/ci_low": torch.tensor(0.39), "map/ci_high": torch.tensor(0.43)}
+        >>> b = {"map": torch.tensor(0.45), "map/ci_low": torch.tensor(0.42), "map/ci_high": torch.tensor(0.47)}
+        >>> fig, ax = plot_forest({"model a": a, "model b": b})
+        >>> [label.get_text() for label in ax.get_yticklabels()]
+        ['map']
+    """
+    if not results:
+        raise ValueError("`results` must hold at least one model's metrics, got an empty dict.")
+    first = next(iter(results.values()))
+    if keys is None:
+        keys = [key for key in first if f"{key}/ci_low" in first and f"{key}/ci_high" in first]
+    for name, result in results.items():
+        missing = [k for key in keys for k in (key, f"{key}/ci_low", f"{key}/ci_high") if k not in result]
+        if missing:
+            raise ValueError(
+                f"`results` must hold every key and its interval for every model, got no {missing[:3]} for model "
+                f"{name!r} (set confidence_level to get intervals)."
+            )
+    fig, ax = _figure_and_axis(ax)
+    n_models = len(results)
+    for m, (name, result) in enumerate(results.items()):
+        rows = [len(keys) - 1 - i + (n_models - 1 - 2 * m) * 0.3 / max(n_models - 1, 1) for i in range(len(keys))]
+        values = [float(result[key]) for key in keys]
+        low = [value - float(result[f"{key}/ci_low"]) for key, value in zip(keys, values, strict=True)]
+        high = [float(result[f"{key}/ci_high"]) - value for key, value in zip(keys, values, strict=True)]
+        ax.errorbar(values, rows, xerr=[low, high], fmt="o", capsize=3, label=name or None)
+    ax.set_yticks(range(len(keys)), list(reversed(keys)))
+    ax.grid(True, axis="x", alpha=0.3)
+    if any(results):
+        ax.legend()
+    return fig, ax

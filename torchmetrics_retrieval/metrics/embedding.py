@@ -234,7 +234,8 @@ class EmbeddingMetrics(SampleAccumulator):
         return self._per_query
 
     def plot(self, val: dict[str, Tensor] | list[dict[str, Tensor]] | None = None, ax: Any = None) -> Any:
-        """Plot the metric values (torchmetrics' convention): one point per key, or one line per key over steps.
+        """Plot the metric values (torchmetrics' convention): one point per key, or one line per key over steps;
+        a result with confidence intervals (``confidence_level``) as a forest plot (:func:`plotting.plot_forest`).
 
         Args:
             val: a result of ``compute()`` or a list of them (one per step); None: call ``compute()``.
@@ -249,9 +250,11 @@ class EmbeddingMetrics(SampleAccumulator):
             >>> metric.update(torch.tensor([[0.0], [0.1], [5.0], [5.1]]), torch.tensor([0, 0, 1, 1]))
             >>> fig, ax = metric.plot()
         """
-        from torchmetrics_retrieval.plotting import require_matplotlib
+        from torchmetrics_retrieval.plotting import plot_forest, require_matplotlib
 
         require_matplotlib()
+        if isinstance(val, dict) and any(key.endswith("/ci_low") for key in val):  # values with intervals
+            return plot_forest({"": val}, ax=ax)
         return self._plot(val, ax)
 
     def plot_curve(self, curve: Literal["cmc", "precision"] = "cmc", ax: Any = None) -> Any:
