@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from torchmetrics_retrieval import PCF, ContrastiveAccuracy, EmbeddingMetrics, FNMRAtFMR
+from torchmetrics_retrieval import PCF, ContrastiveAccuracy, CrossModalRetrieval, EmbeddingMetrics, FNMRAtFMR
 from torchmetrics_retrieval.functional import contrastive_accuracy, retrieval_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,6 +69,10 @@ def family(key: str) -> set[str]:
     if key.startswith(PREFIX):
         families.add("{prefix}{key}")
         key = key[len(PREFIX) :]
+    direction = re.fullmatch(r"(a_to_b|b_to_a)/(.+)", key)
+    if direction:
+        families.add(f"{direction.group(1)}/{{key}}")
+        key = direction.group(2)
     category = re.fullmatch(rf"({NUMBER})/(.+)", key)
     if category:
         families.add("{category}/{key}")
@@ -99,6 +103,7 @@ def test_family() -> None:
     assert family("val/10/map") == {"map", "{category}/{key}", "{prefix}{key}"}
     assert family("new_metric/3") == {"new_metric/{k}"}
     assert family("10/cmc/5/ci_low") == {"cmc/{k}", "{category}/{key}", "{key}/ci_low"}
+    assert family("b_to_a/cmc/5") == {"cmc/{k}", "b_to_a/{key}"}
 
 
 def test_the_page_has_examples() -> None:
@@ -170,6 +175,9 @@ def _returned_keys() -> set[str]:
     verification = FNMRAtFMR(fmr_vals=(0.1,))
     verification.update(x, labels)
     keys |= set(verification.compute())
+    cross_modal = CrossModalRetrieval(cmc_top_k=(1, 5), mrr=True)
+    cross_modal.update(x[:20], labels[:20], x[20:], labels[20:])
+    keys |= set(cross_modal.compute())
     pcf = PCF(pcf_variance=(0.5,))
     pcf.update(x)
     keys |= set(pcf.compute())
