@@ -137,3 +137,15 @@ def test_the_two_counting_paths_agree_rank_by_rank() -> None:
     refs = reference.leave_one_out(x, labels)
     expected = [[i + 1 for i, rel in enumerate(r.relevant) if rel] for r in refs]
     assert [row[row > 0].tolist() for row in compiled] == expected
+
+
+@PATHS
+def test_query_chunks_give_the_same_ranks(compiled: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Queries are processed in chunks under a memory budget (no symmetric blocks then): same values."""
+    from torchmetrics_retrieval.functional import _full_ranking
+
+    x, labels = tied_data(90, seed=8)
+    monkeypatch.setattr(_full_ranking, "_BUDGET_ENTRIES", 100)  # a few queries per chunk
+    with plan.force_compiled(compiled):
+        got = ours(x, labels, chunk_size=16)
+    assert got == pytest.approx(full_metrics(reference.leave_one_out(x, labels)), abs=1e-6)

@@ -38,7 +38,8 @@ from torchmetrics_retrieval.functional.relevance import _label_match_compute
 
 __all__ = ["relevant_ranks"]
 
-_BUDGET_ENTRIES = 1 << 24  # thresholds (rows x max n(q)) held at once
+_BUDGET_ENTRIES = 1 << 20  # thresholds (rows x max n(q)) per query chunk: with their pairs, brackets and
+# lookup tables about 280 bytes each (measured), so about 300 MB at most
 
 
 class _Thresholds:
