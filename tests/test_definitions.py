@@ -157,6 +157,7 @@ def _returned_keys() -> set[str]:
         "r_precision": True,
         "mrr": True,
         "map_full": True,
+        "minp": True,
         "clustering": True,
         "fmr_vals": (0.1, 1e-05),
         "pcf_variance": (0.5, 1),

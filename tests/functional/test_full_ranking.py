@@ -27,18 +27,32 @@ def tied_data(n: int, seed: int, dim: int = 4) -> tuple[torch.Tensor, torch.Tens
     return x, labels
 
 
+def inverse_negative_penalty(r: reference.QueryRanking) -> float:
+    """n(q) / rank of the last relevant item (0 without one), from the full ranking."""
+    ranks = [i + 1 for i, relevant in enumerate(r.relevant) if relevant]
+    return len(ranks) / ranks[-1] if ranks else 0.0
+
+
 def full_metrics(refs: list[reference.QueryRanking]) -> dict[str, float]:
     return {
         "map": reference.mean_over([reference.average_precision(r) for r in refs], refs),
         "mrr": reference.mean_over([reference.reciprocal_rank(r) for r in refs], refs),
+        "minp": reference.mean_over([inverse_negative_penalty(r) for r in refs], refs),
     }
 
 
 def ours(x: torch.Tensor, labels: torch.Tensor, **kwargs: object) -> dict[str, float]:
-    result = F.retrieval_metrics(
-        x, labels, cmc_top_k=(1,), precision_top_k=(), map_top_k=(), map_full=True, mrr=True, **kwargs
+    result, per_query = F.retrieval_metrics(
+        x, labels, cmc_top_k=(1,), precision_top_k=(), map_top_k=(), map_full=True, mrr=True, minp=True,
+        return_per_query=True, **kwargs,
+    )  # fmt: skip
+    _, alone = F.retrieval_metrics(
+        x, labels, cmc_top_k=(), precision_top_k=(), map_top_k=(), minp=True, return_per_query=True, **kwargs
     )
-    return {key: result[key].item() for key in ("map", "mrr")}
+    # the same ranks from the last relevant item alone as from every relevant item
+    assert per_query is not None and alone is not None
+    assert torch.equal(alone.values["minp"], per_query.values["minp"])
+    return {key: result[key].item() for key in ("map", "mrr", "minp")}
 
 
 @PATHS

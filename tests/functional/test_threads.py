@@ -39,7 +39,7 @@ with plan.force_compiled(compiled):
     results["sweep"] = tuple(F.knn(x, k=40, backend="torch"))
     plan.SYMMETRIC_BUFFER_BYTES, plan.GROUP_ROWS = 768 * 2**20, 2048
     metrics, per_query = F.retrieval_metrics(
-        x, labels, cmc_top_k=(1, 5), map_at_r=True, mrr=True, map_full=True, fmr_vals=(0.001, 0.01, 0.1),
+        x, labels, cmc_top_k=(1, 5), map_at_r=True, mrr=True, map_full=True, minp=True, fmr_vals=(0.001, 0.01, 0.1),
         return_per_query=True,
     )
     results["metrics"] = metrics

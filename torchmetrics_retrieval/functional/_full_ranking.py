@@ -1,7 +1,7 @@
 """Ranks of relevant items in the *whole* ranking of each query, at the cost of one pass of products.
 
 Used for exact MRR when a query's first relevant item lies beyond the retrieved K, for the full-ranking
-average precision (``map``), and for the rank of the last relevant item (mINP).
+average precision (``map``), and for the rank of the last relevant item (``minp``).
 
 The rank of an item ``t`` (1-based, ties ordered by gallery position as everywhere in the package) is one
 plus the number of eligible items whose (distance, position) precedes ``t``'s. So:
@@ -47,7 +47,14 @@ class _Thresholds:
     the gallery size), ``filled`` ``(R,)``, and their key brackets ``lower``/``upper`` (float64)."""
 
     def __init__(
-        self, problem: Problem, rows: Tensor, pair_rows: Tensor, pair_cols: Tensor, m: int, symmetric: bool
+        self,
+        problem: Problem,
+        rows: Tensor,
+        pair_rows: Tensor,
+        pair_cols: Tensor,
+        m: int,
+        symmetric: bool,
+        last: bool = False,
     ) -> None:
         self.symmetric = symmetric
         device, dtype = rows.device, problem.query.dtype
@@ -59,6 +66,8 @@ class _Thresholds:
         per_row = torch.bincount(pair_rows, minlength=rows.numel())
         starts = torch.cumsum(per_row, 0) - per_row
         slot = torch.arange(pair_rows.numel(), device=device) - starts[pair_rows]
+        if last:  # the last relevant item only (``m`` is 1)
+            slot = per_row[pair_rows] - 1 - slot
         keep = slot < m
         self.distances = torch.full((rows.numel(), m), float("inf"), dtype=dtype, device=device)
         self.positions = torch.full((rows.numel(), m), problem.gallery.shape[0], dtype=torch.long, device=device)
@@ -271,29 +280,34 @@ def _count_before(problem: Problem, rows: Tensor, thresholds: _Thresholds, chunk
 
 
 def relevant_ranks(
-    qg: QueryGallery, n_relevant: Tensor, options: RetrievalOptions, max_relevant: int | None = None
+    qg: QueryGallery,
+    n_relevant: Tensor,
+    options: RetrievalOptions,
+    max_relevant: int | None = None,
+    last: bool = False,
 ) -> Tensor:
-    """1-based ranks of the first ``max_relevant`` relevant items of every query of ``qg`` in its full ranking.
+    """1-based ranks of the first ``max_relevant`` relevant items of every query of ``qg`` in its full ranking
+    (``last``: of its last relevant item only, as one column).
 
     Ties in distance are ordered by gallery position, as everywhere in the package.
 
     Returns:
         ``(Q, m)`` int64 ranks in increasing order, 0 past the query's n(q) relevant items, where
-        ``m = min(max_relevant, max n(q))``.
+        ``m = min(max_relevant, max n(q))`` (1 with ``last``).
     """
     n_query = qg.query.shape[0]
     device = qg.query.device
     n_max = int(n_relevant.max()) if n_query else 0
     if n_max == 0:
         return torch.zeros(n_query, 0, dtype=torch.long, device=device)
-    m = n_max if max_relevant is None else min(max_relevant, n_max)
+    m = 1 if last else n_max if max_relevant is None else min(max_relevant, n_max)
     problem = make_problem(qg.query, qg.gallery, options.distance, qg.exclusions(), qg.same_set)
     ranks = torch.zeros(n_query, m, dtype=torch.long, device=device)
     step = max(1, _BUDGET_ENTRIES // (n_max + 1))
     for rows in torch.arange(n_query, device=device).split(step):
         pair_rows, pair_cols = _relevant_pairs(qg, problem, rows, options)
         symmetric = problem.symmetric and rows.numel() == n_query  # the whole set against itself at once
-        thresholds = _Thresholds(problem, rows, pair_rows, pair_cols, m, symmetric)
+        thresholds = _Thresholds(problem, rows, pair_rows, pair_cols, m, symmetric, last)
         before = _count_before(problem, rows, thresholds, options.chunk_size)
         listed = torch.arange(m, device=device)[None, :] < thresholds.filled[:, None]
         ranks[rows] = torch.where(listed, before + 1, 0)

@@ -115,6 +115,9 @@ class RetrievalOptions:
     r_precision: bool = field(default=False, metadata=_spec(BOOL, "R-precision"))
     mrr: bool = field(default=False, metadata=_spec(BOOL, "mean reciprocal rank over the full ranking"))
     map_full: bool = field(default=False, metadata=_spec(BOOL, "full-ranking mean average precision (key `map`)"))
+    minp: bool = field(
+        default=False, metadata=_spec(BOOL, "mean inverse negative penalty: n(q) / rank of the last relevant item")
+    )
     clustering: bool = field(default=False, metadata=_spec(BOOL, "NMI and AMI of a k-means clustering"))
     fmr_vals: tuple[float, ...] = field(
         default=(), metadata=_spec(FRACTIONS, "FMR values in [0, 1] of fnmr@fmr and tar@far")
@@ -168,7 +171,7 @@ class RetrievalOptions:
     def needs_ranking(self) -> bool:
         """Whether any metric needs a nearest-neighbour search."""
         cutoffs = self.cmc_top_k + self.precision_top_k + self.map_top_k + self.recall_top_k + self.ndcg_top_k
-        return bool(cutoffs) or self.map_at_r or self.r_precision or self.mrr or self.map_full
+        return bool(cutoffs) or self.map_at_r or self.r_precision or self.mrr or self.map_full or self.minp
 
 
 def option_fields() -> Mapping[str, Field[Any]]:

@@ -181,12 +181,24 @@ def _mrr(qg: QueryGallery, options: RetrievalOptions, within_k: Tensor, n_releva
     return values
 
 
-def _average_precision(qg: QueryGallery, options: RetrievalOptions, n_relevant: Tensor) -> Tensor:
-    """Exact full-ranking average precision from the ranks of every relevant item."""
-    ranks = relevant_ranks(qg, n_relevant, options).to(torch.float64)
-    position = torch.arange(1, ranks.shape[1] + 1, device=ranks.device, dtype=torch.float64)
-    precision = torch.where(ranks > 0, position[None, :] / ranks.clamp(min=1), torch.zeros_like(ranks))
-    return (precision.sum(dim=1) / n_relevant.clamp(min=1)).to(torch.float32)
+def _full_ranking_values(qg: QueryGallery, options: RetrievalOptions, n_relevant: Tensor) -> dict[str, Tensor]:
+    """Exact full-ranking average precision (``map``) from the ranks of every relevant item, and the inverse
+    negative penalty (``minp``: n(q) / rank of the last relevant item; 0 without one), from the same ranks or,
+    alone, from the last item's rank only."""
+    values: dict[str, Tensor] = {}
+    if options.map_full:
+        ranks = relevant_ranks(qg, n_relevant, options).to(torch.float64)
+        position = torch.arange(1, ranks.shape[1] + 1, device=ranks.device, dtype=torch.float64)
+        precision = torch.where(ranks > 0, position[None, :] / ranks.clamp(min=1), torch.zeros_like(ranks))
+        values["map"] = (precision.sum(dim=1) / n_relevant.clamp(min=1)).to(torch.float32)
+        last = ranks.gather(1, (n_relevant - 1).clamp(min=0)[:, None])[:, 0] if ranks.shape[1] else ranks[:, 0:0]
+    elif options.minp:
+        last = relevant_ranks(qg, n_relevant, options, last=True).to(torch.float64)
+    if options.minp:
+        last = last.reshape(-1) if last.numel() else torch.zeros(n_relevant.shape[0], dtype=torch.float64)
+        inverse = n_relevant.to(torch.float64) / last.clamp(min=1)
+        values["minp"] = torch.where(n_relevant > 0, inverse, 0.0).to(torch.float32)
+    return values
 
 
 def per_query(qg: QueryGallery, options: RetrievalOptions, keep_neighbours: bool) -> RetrievalResult:
@@ -222,8 +234,8 @@ def per_query(qg: QueryGallery, options: RetrievalOptions, keep_neighbours: bool
         is_relevant = found.valid
     if options.mrr:
         values["mrr"] = _mrr(qg, options, values["mrr"], n_relevant)
-    if options.map_full:
-        values["map"] = _average_precision(qg, options, n_relevant)
+    if options.map_full or options.minp:
+        values.update(_full_ranking_values(qg, options, n_relevant))
     counted = _apply_empty_target_action_compute(torch.zeros(n_query), n_relevant, options.empty_target_action)[1]
     return RetrievalResult(
         values=values,

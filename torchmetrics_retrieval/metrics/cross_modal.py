@@ -168,6 +168,6 @@ class CrossModalRetrieval(Metric):
         self.update(*args, **kwargs)
         alone = CrossModalRetrieval(prefix=self.prefix, sync_on_compute=False, **self.options.as_dict())
         alone.update(*args, **kwargs)
-        if not (len(alone.side_a.embeddings_a) and len(alone.side_b.embeddings_b)):
+        if not (alone.side_a._previous_batch() and alone.side_b._previous_batch()):
             return {}
         return alone.compute()
