@@ -156,6 +156,15 @@ GALLERY_CASES = [  # the separate-gallery form
         sequence_ids=Y[:3],
     ),
 ]
+RATE_CASES = [  # eer / min_dcf options, wherever FNMR@FMR is computed
+    bad("eer str", "eer", eer="yes"),
+    bad("min_dcf_p_target 0", "min_dcf_p_target", min_dcf_p_target=(0.0,)),
+    bad("min_dcf_p_target 1", "min_dcf_p_target", min_dcf_p_target=(1.0,)),
+    bad("min_dcf_p_target str", "min_dcf_p_target", min_dcf_p_target="0.5"),
+    bad("dcf_costs negative", "dcf_costs", dcf_costs=(1.0, -2.0)),
+    bad("dcf_costs zero", "dcf_costs", dcf_costs=(0.0, 1.0)),
+    bad("dcf_costs three", "dcf_costs", dcf_costs=(1.0, 1.0, 1.0)),
+]
 PAIR_OPTION_CASES = [
     bad("distance unknown", "distance", distance="manhattan"),
     bad("chunk_size 0", "chunk_size", chunk_size=0),
@@ -163,6 +172,7 @@ PAIR_OPTION_CASES = [
     bad("label_comparison_fn not callable", "label_comparison_fn", label_comparison_fn=3),
 ]
 OPTION_CASES = [  # the options of retrieval_metrics (RetrievalOptions fields)
+    *RATE_CASES,
     bad("confidence_level 1", "confidence_level", confidence_level=1.0),
     bad("confidence_level str", "confidence_level", confidence_level="0.95"),
     bad("n_bootstrap 0", "n_bootstrap", n_bootstrap=0),
@@ -306,6 +316,7 @@ FUNCTIONS: dict[str, Entry] = {
             *SET_CASES,
             *GALLERY_CASES,
             *PAIR_OPTION_CASES,
+            *RATE_CASES,
             bad("fmr_vals 1.5", "fmr_vals", fmr_vals=(1.5,)),
             bad("fmr_vals -0.1", "fmr_vals", fmr_vals=-0.1),
             bad("fmr_vals str", "fmr_vals", fmr_vals="0.1"),
@@ -734,6 +745,7 @@ METRICS: dict[str, MetricEntry] = {
         {"embeddings": X, "labels": Y},
         [
             *PAIR_OPTION_CASES,
+            *RATE_CASES,
             bad("fmr_vals 1.5", "fmr_vals", fmr_vals=(1.5,)),
             bad("fmr_vals empty", "fmr_vals", fmr_vals=()),
             bad("fmr_vals str", "fmr_vals", fmr_vals="0.1"),

@@ -26,7 +26,12 @@ DOC = ROOT / "docs" / "definitions.md"
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
 MARKER = re.compile(r"<!-- (example-setup|example: ([\w-]+)) -->\s*\Z")
 PREFIX = "val/"  # the prefix of the EmbeddingMetrics call below and of the page's prefix example
-PLACEHOLDERS = {"fnmr@fmr": "{f}", "tar@far": "{f}", "pcf": "{r}"}  # any other number in a key is a cutoff {k}
+PLACEHOLDERS = {
+    "fnmr@fmr": "{f}",
+    "tar@far": "{f}",
+    "pcf": "{r}",
+    "min_dcf": "{p}",
+}  # any other number in a key is a cutoff {k}
 NUMBER = r"-?\d+(?:\.\d+)?(?:e-?\d+)?"
 
 
@@ -160,6 +165,8 @@ def _returned_keys() -> set[str]:
         "minp": True,
         "clustering": True,
         "fmr_vals": (0.1, 1e-05),
+        "eer": True,
+        "min_dcf_p_target": (0.01,),
         "pcf_variance": (0.5, 1),
     }
     categories = torch.arange(40) % 2 + 10

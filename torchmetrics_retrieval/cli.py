@@ -95,6 +95,8 @@ def _add_option_flags(parser: argparse.ArgumentParser, defaults: dict[str, Any])
             group.add_argument(*flags, choices=kind.choices, **common)
         elif kind.name in ("positive_int_or_none", "positive_int", "seed"):
             group.add_argument(*flags, type=int, metavar="N", **common)
+        elif kind.name == "costs":
+            group.add_argument(*flags, type=float, nargs=2, metavar=("C_MISS", "C_FA"), **common)
         elif kind.name == "level_or_none":
             group.add_argument(*flags, type=float, metavar="C", **common)
 

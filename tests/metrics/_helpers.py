@@ -22,6 +22,7 @@ ALL_RANKING: dict[str, Any] = {
     "r_precision": True,
     "mrr": True,
     "map_full": True,
+    "minp": True,
 }
 
 
@@ -85,6 +86,9 @@ def _per_query(r: reference.QueryRanking, options: dict[str, Any]) -> dict[str, 
         values["mrr"] = reference.reciprocal_rank(r)
     if options.get("map_full"):
         values["map"] = reference.average_precision(r)
+    if options.get("minp"):
+        ranks = [i + 1 for i, relevant in enumerate(r.relevant) if relevant]
+        values["minp"] = len(ranks) / ranks[-1] if ranks else 0.0
     return values
 
 

@@ -84,6 +84,27 @@ def check_fractions(name: str, values: float | Iterable[float]) -> tuple[float, 
     return items
 
 
+def check_open_fractions(name: str, values: float | Iterable[float]) -> tuple[float, ...]:
+    """:func:`check_fractions` with every value strictly between 0 and 1 (prior probabilities of a target)."""
+    items = check_fractions(name, values)
+    for f in items:
+        if not 0.0 < f < 1.0:
+            raise ValueError(f"`{name}` must contain numbers strictly between 0 and 1, got {f} in {items!r}.")
+    return items
+
+
+def check_costs(name: str, value: Any) -> tuple[float, float]:
+    """A pair of positive finite numbers (the costs of a miss and of a false alarm), as floats."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise TypeError(f"`{name}` must be a pair (C_miss, C_fa) of positive numbers, got {describe(value)}.")
+    items = tuple(value)
+    if len(items) != 2 or any(isinstance(c, bool) or not isinstance(c, (int, float)) for c in items):
+        raise TypeError(f"`{name}` must be a pair (C_miss, C_fa) of positive numbers, got {items!r}.")
+    if not all(0.0 < c < math.inf for c in items):
+        raise ValueError(f"`{name}` must hold two positive finite costs, got {items!r}.")
+    return float(items[0]), float(items[1])
+
+
 def check_choice(name: str, value: Any, choices: Sequence[Any]) -> Any:
     """Return ``value`` if it is one of ``choices``."""
     if value not in choices:

@@ -15,7 +15,9 @@ from typing import Any
 from torchmetrics_retrieval.functional._bootstrap import check_confidence_level, check_seed
 from torchmetrics_retrieval.functional._checks import (
     check_choice,
+    check_costs,
     check_fractions,
+    check_open_fractions,
     check_positive_int,
     check_top_k,
     describe,
@@ -34,8 +36,8 @@ class OptionKind:
 
     Attributes:
         name: ``"cutoffs"``, ``"fractions"``, ``"bool"``, ``"choice"``, ``"positive_int_or_none"``,
-            ``"callable_or_none"``, ``"level_or_none"``, ``"positive_int"`` or ``"seed"`` (the command line picks its
-            argument type by it).
+            ``"callable_or_none"``, ``"level_or_none"``, ``"positive_int"``, ``"seed"`` or ``"costs"`` (the command
+            line picks its argument type by it).
         check: ``check(option_name, value)`` returns the normalised value or raises ``TypeError``/``ValueError``
             naming the option.
         choices: the allowed values of a ``"choice"``.
@@ -76,6 +78,8 @@ BOOL = OptionKind("bool", _check_bool)
 POSITIVE_INT_OR_NONE = OptionKind("positive_int_or_none", _check_positive_int_or_none)
 CALLABLE_OR_NONE = OptionKind("callable_or_none", _check_callable_or_none)
 LEVEL_OR_NONE = OptionKind("level_or_none", _check_level_or_none)
+OPEN_FRACTIONS = OptionKind("fractions", check_open_fractions)
+COSTS = OptionKind("costs", check_costs)
 POSITIVE_INT = OptionKind("positive_int", check_positive_int)
 SEED = OptionKind("seed", check_seed)
 DISTANCE = _choice(DISTANCES)
@@ -122,6 +126,13 @@ class RetrievalOptions:
     fmr_vals: tuple[float, ...] = field(
         default=(), metadata=_spec(FRACTIONS, "FMR values in [0, 1] of fnmr@fmr and tar@far")
     )
+    eer: bool = field(default=False, metadata=_spec(BOOL, "equal error rate over every pair"))
+    min_dcf_p_target: tuple[float, ...] = field(
+        default=(), metadata=_spec(OPEN_FRACTIONS, "target priors p in (0, 1) of min_dcf/{p} over every pair")
+    )
+    dcf_costs: tuple[float, float] = field(
+        default=(1.0, 1.0), metadata=_spec(COSTS, "costs (C_miss, C_fa) of the detection cost of min_dcf")
+    )
     pcf_variance: tuple[float, ...] = field(
         default=(), metadata=_spec(FRACTIONS, "explained-variance fractions in [0, 1] of pcf")
     )
@@ -166,6 +177,11 @@ class RetrievalOptions:
     def as_dict(self) -> dict[str, Any]:
         """The options as keyword arguments of :func:`retrieval_metrics`."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @property
+    def needs_pairs(self) -> bool:
+        """Whether any metric reads every (query, gallery item) pair (FNMR@FMR, EER, minDCF)."""
+        return bool(self.fmr_vals) or self.eer or bool(self.min_dcf_p_target)
 
     @property
     def needs_ranking(self) -> bool:

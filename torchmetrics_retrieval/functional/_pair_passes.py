@@ -21,7 +21,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._pair_quantiles import N_BUCKETS, PairBlock, PairBuckets
+from torchmetrics_retrieval.functional import _pair_quantiles
+from torchmetrics_retrieval.functional._pair_quantiles import PairBlock, PairBuckets
 from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional._search.key_blocks import KeyBlock, key_blocks, key_form
 from torchmetrics_retrieval.functional._search.problem import make_problem
@@ -115,20 +116,21 @@ class PairPasses:
         from torchmetrics_retrieval.functional._search.compiled.buffer import kernel_threads
 
         pair_kernels = _pair_kernels()
-        hist = np.zeros((kernel_threads(), 2 * N_BUCKETS), dtype=np.int64)
+        n_buckets = _pair_quantiles.N_BUCKETS  # read at call time (tests use fewer buckets)
+        hist = np.zeros((kernel_threads(), 2 * n_buckets), dtype=np.int64)
         for block, mask in self._blocks():
             # a symmetric block off the diagonal stands for its pairs both ways round: weight 2
             args = self._kernel_args(block, mask)
             pair_kernels.histogram(*args, 2 if block.mirrored else 1, tuple(buckets), hist)
         total = torch.from_numpy(hist.sum(axis=0))
-        return total[:N_BUCKETS], total[N_BUCKETS:]
+        return total[:n_buckets], total[n_buckets:]
 
     def wanted(self, buckets: PairBuckets, wanted_ids: Tensor) -> Iterator[tuple[Tensor, Tensor]] | None:
-        """``(distances, positive)`` of the pairs whose (bucket, sign) is wanted (``wanted_ids``: ``(2 N_BUCKETS,)``
+        """``(distances, positive)`` of the pairs whose (bucket, sign) is wanted (``wanted_ids``: ``(2 n_buckets,)``
         bool, negatives' buckets then positives'), block by block; None without the compiled kernels."""
         if not self.compiled:
             return None
-        return self._wanted(buckets, wanted_ids[: 2 * N_BUCKETS].numpy())
+        return self._wanted(buckets, wanted_ids[: 2 * _pair_quantiles.N_BUCKETS].numpy())
 
     def _wanted(self, buckets: PairBuckets, wanted: np.ndarray) -> Iterator[tuple[Tensor, Tensor]]:
         from torchmetrics_retrieval.functional._search.compiled.buffer import kernel_threads

@@ -25,7 +25,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = ["N_BUCKETS", "Curve", "PairBlock", "PairBuckets", "PairSource", "curve"]
+from torchmetrics_retrieval.functional._pair_rates import Counted, RateRequest, rates, wanted_buckets
+
+__all__ = ["N_BUCKETS", "Curve", "PairBlock", "PairBuckets", "PairSource", "curve", "statistics"]
 
 #: Number of histogram buckets of the first pass.
 N_BUCKETS = 2**16
@@ -81,11 +83,7 @@ class Curve(NamedTuple):
     fnmr: Tensor
 
 
-class _Counts(NamedTuple):
-    """Distinct values (sorted) with multiplicities."""
-
-    values: Tensor
-    counts: Tensor
+_Counts = Counted  # distinct values (sorted) with multiplicities
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -234,12 +232,27 @@ def _nan_curve(n_values: int, reason: str, device: torch.device) -> Curve:
 
 def curve(source: PairSource, buckets: PairBuckets, fractions: tuple[float, ...], device: torch.device) -> Curve:
     """Thresholds and FNMR at the given FMR values, exact, from two passes over ``source``."""
+    return statistics(source, buckets, fractions, None, device)[0]
+
+
+def statistics(
+    source: PairSource,
+    buckets: PairBuckets,
+    fractions: tuple[float, ...],
+    request: RateRequest | None,
+    device: torch.device,
+) -> tuple[Curve, dict[str, Tensor]]:
+    """The curve at ``fractions`` and the rates of ``request`` (EER, minDCF; see ``_pair_rates``), exact, from
+    two passes over ``source`` shared by all of them."""
     negative_hist, positive_hist = _histograms(source, buckets)
     n_negative, n_positive = int(negative_hist.sum()), int(positive_hist.sum())
-    if n_negative == 0:
-        return _nan_curve(len(fractions), "there is no negative pair (every pair's labels match)", device)
+    reason = "there is no negative pair (every pair's labels match)" if n_negative == 0 else None
     if n_positive == 0:
-        return _nan_curve(len(fractions), "there is no positive pair (no query has a relevant item)", device)
+        reason = "there is no positive pair (no query has a relevant item)"
+    if reason is not None:
+        nan = torch.full((), math.nan, dtype=torch.float64, device=device)
+        names = [] if request is None else ["eer"] * request.eer + [f"min_dcf/{p}" for p in request.p_targets]
+        return _nan_curve(len(fractions), reason, device), dict.fromkeys(names, nan)
     f = torch.tensor(fractions, dtype=torch.float64, device=device)
     low_rank, high_rank, gamma = _quantile_ranks(n_negative, f)
     low_bucket = _bucket_of_rank(negative_hist, low_rank)
@@ -248,7 +261,13 @@ def curve(source: PairSource, buckets: PairBuckets, fractions: tuple[float, ...]
     negative_wanted[low_bucket] = True
     negative_wanted[high_bucket] = True
     positive_wanted = _wanted_buckets(low_bucket, high_bucket, device)
+    if request is not None:  # both signs of the buckets the rates read (more pairs do not change the curve)
+        whole = wanted_buckets(negative_hist, positive_hist, request)
+        negative_wanted, positive_wanted = negative_wanted | whole, positive_wanted | whole
     negatives, positives = _collect(source, buckets, negative_wanted, positive_wanted)
+    found = {} if request is None else rates(negative_hist, positive_hist, negatives, positives, buckets.ids, request)
+    if not fractions:
+        return Curve(f, f.clone()), found
 
     low = _order_statistics(low_rank, negatives, negative_hist, buckets)
     high = _order_statistics(high_rank, negatives, negative_hist, buckets)
@@ -260,4 +279,4 @@ def curve(source: PairSource, buckets: PairBuckets, fractions: tuple[float, ...]
         positive_ids[None, :] <= high_bucket[:, None]
     )
     n_at_or_above = above + (at_or_above * positives.counts[None, :]).sum(dim=1)
-    return Curve(thresholds, n_at_or_above.to(torch.float64) / n_positive)
+    return Curve(thresholds, n_at_or_above.to(torch.float64) / n_positive), found

@@ -188,13 +188,16 @@ def _extra_metrics(
     samples that carry a category and their categories, for per-category PCF.
     """
     metrics: dict[str, Tensor] = {}
-    if options.fmr_vals:
-        from torchmetrics_retrieval.functional.verification import pair_curve
+    if options.needs_pairs:
+        from torchmetrics_retrieval.functional._pair_rates import RateRequest
+        from torchmetrics_retrieval.functional.verification import pair_metrics
 
-        curve = pair_curve(qg, options.fmr_vals, options.distance, options.label_comparison_fn, options.chunk_size)
-        fnmr = curve.fnmr.to(torch.float32)
-        metrics.update({f"fnmr@fmr/{f}": fnmr[i] for i, f in enumerate(options.fmr_vals)})
-        metrics.update({f"tar@far/{f}": 1 - fnmr[i] for i, f in enumerate(options.fmr_vals)})
+        request = RateRequest(options.eer, options.min_dcf_p_target, options.dcf_costs)
+        metrics.update(
+            pair_metrics(
+                qg, options.fmr_vals, request, options.distance, options.label_comparison_fn, options.chunk_size
+            )
+        )
     if options.pcf_variance:
         from torchmetrics_retrieval.functional.topology import pcf
 
@@ -339,7 +342,7 @@ def evaluate(
     if opts.needs_ranking:
         result = per_query(qg, opts, keep_neighbours)
         metrics.update(reduce_per_query(result, opts))
-    if opts.fmr_vals or opts.pcf_variance or opts.clustering:
+    if opts.needs_pairs or opts.pcf_variance or opts.clustering:
         everything = _every_sample(qg, query if gallery is None else None, opts.normalize)
         labels = query_labels if gallery is None else torch.cat([qg.query_labels, qg.gallery_labels])
         by_category = None if categories is None else (everything[: categories.shape[0]], categories)

@@ -22,9 +22,25 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._checks import check_choice, check_fractions, check_positive_int, describe
+from torchmetrics_retrieval.functional._checks import (
+    check_bool,
+    check_choice,
+    check_costs,
+    check_fractions,
+    check_open_fractions,
+    check_positive_int,
+    describe,
+)
 from torchmetrics_retrieval.functional._pair_passes import PairPasses
-from torchmetrics_retrieval.functional._pair_quantiles import Curve, PairBlock, PairBuckets, PairSource, curve
+from torchmetrics_retrieval.functional._pair_quantiles import (
+    Curve,
+    PairBlock,
+    PairBuckets,
+    PairSource,
+    curve,
+    statistics,
+)
+from torchmetrics_retrieval.functional._pair_rates import RateRequest
 from torchmetrics_retrieval.functional._search.types import DISTANCES, Distance
 from torchmetrics_retrieval.functional._sets import PairedIds, QueryGallery, split_query_gallery
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
@@ -123,6 +139,26 @@ def pair_curve(
     return curve(PairPasses(qg, distance, label_comparison_fn, chunk_size), buckets, fractions, qg.query.device)
 
 
+def pair_metrics(
+    qg: QueryGallery,
+    fmr_vals: tuple[float, ...],
+    request: RateRequest,
+    distance: str,
+    label_comparison_fn: LabelComparisonFn | None,
+    chunk_size: int | None,
+) -> dict[str, Tensor]:
+    """``fnmr@fmr/{f}``, ``tar@far/{f}``, ``eer`` and ``min_dcf/{p}`` (float32, 0-dim) of a checked problem, from
+    the same two passes over every pair."""
+    buckets = PairBuckets.spanning(*_distance_bounds(qg.query, qg.gallery, distance))
+    source = PairPasses(qg, distance, label_comparison_fn, chunk_size)
+    found, found_rates = statistics(source, buckets, fmr_vals, request, qg.query.device)
+    fnmr = found.fnmr.to(torch.float32)
+    out = {f"fnmr@fmr/{f}": fnmr[i] for i, f in enumerate(fmr_vals)}
+    out.update({f"tar@far/{f}": 1 - fnmr[i] for i, f in enumerate(fmr_vals)})
+    out.update({key: value.to(torch.float32) for key, value in found_rates.items()})
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # public API
 # ----------------------------------------------------------------------------------------------------------------------
@@ -164,6 +200,9 @@ def fnmr_at_fmr(
     gallery_labels: Tensor | None = None,
     *,
     fmr_vals: float | Iterable[float] = (0.1,),
+    eer: bool = False,
+    min_dcf_p_target: float | Iterable[float] = (),
+    dcf_costs: tuple[float, float] = (1.0, 1.0),
     is_query: Tensor | None = None,
     is_gallery: Tensor | None = None,
     sequence_ids: PairedIds | None = None,
@@ -187,6 +226,10 @@ def fnmr_at_fmr(
         gallery: ``(G, D)`` embeddings or None.
         gallery_labels: ``(G,)`` or ``(G, L)`` labels, with ``gallery``.
         fmr_vals: FMR values in [0, 1].
+        eer: also return ``eer``, the equal error rate.
+        min_dcf_p_target: target priors p in (0, 1): also return ``min_dcf/{p}``, the minimum normalised detection
+            cost (docs/definitions.md).
+        dcf_costs: ``(C_miss, C_fa)``, positive, of the detection cost.
         is_query: ``(N,)`` bool, which samples are queries (``gallery=None`` only).
         is_gallery: ``(N,)`` bool, which samples are gallery items (``gallery=None`` only).
         sequence_ids: pairs of the same sequence are left out.
@@ -210,6 +253,11 @@ def fnmr_at_fmr(
          'tar@far/0.1': tensor(0.5000), 'tar@far/0.5': tensor(1.)}
     """
     fractions = check_fractions("fmr_vals", fmr_vals)
+    request = RateRequest(
+        check_bool("eer", eer),
+        check_open_fractions("min_dcf_p_target", min_dcf_p_target),
+        check_costs("dcf_costs", dcf_costs),
+    )
     qg = _checked_problem(
         query,
         query_labels,
@@ -223,10 +271,7 @@ def fnmr_at_fmr(
         label_comparison_fn,
         chunk_size,
     )
-    fnmr = pair_curve(qg, fractions, distance, label_comparison_fn, chunk_size).fnmr.to(torch.float32)
-    out = {f"fnmr@fmr/{f}": fnmr[i] for i, f in enumerate(fractions)}
-    out.update({f"tar@far/{f}": 1 - fnmr[i] for i, f in enumerate(fractions)})
-    return out
+    return pair_metrics(qg, fractions, request, distance, label_comparison_fn, chunk_size)
 
 
 def det_curve(

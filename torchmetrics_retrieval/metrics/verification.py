@@ -44,7 +44,11 @@ class FNMRAtFMR(SampleAccumulator):
     there is no positive or no negative pair.
 
     Args:
-        fmr_vals: FMR values ``f`` in [0, 1] (at least one); keys ``fnmr@fmr/{f}`` and ``tar@far/{f}``.
+        fmr_vals: FMR values ``f`` in [0, 1] (at least one unless ``eer`` or ``min_dcf_p_target`` is given); keys
+            ``fnmr@fmr/{f}`` and ``tar@far/{f}``.
+        eer: also the equal error rate, key ``eer``.
+        min_dcf_p_target: target priors p in (0, 1); keys ``min_dcf/{p}``, the minimum normalised detection cost.
+        dcf_costs: ``(C_miss, C_fa)``, positive.
         distance: ``"euclidean"``, ``"sqeuclidean"``, ``"cosine"`` or ``"dot"``.
         label_comparison_fn: custom label match, called as ``fn(query_labels[:, None], gallery_labels[None])``
             (must be picklable to pickle or clone the metric).
@@ -88,12 +92,20 @@ class FNMRAtFMR(SampleAccumulator):
         self,
         *,
         fmr_vals: float | Iterable[float] = (0.1,),
+        eer: bool = False,
+        min_dcf_p_target: float | Iterable[float] = (),
+        dcf_costs: tuple[float, float] = (1.0, 1.0),
         distance: Distance = "euclidean",
         label_comparison_fn: LabelComparisonFn | None = None,
         chunk_size: int | None = None,
         **kwargs: Any,
     ) -> None:
-        fractions = non_empty_fractions("fmr_vals", fmr_vals)
+        self.eer = check_option("eer", eer)
+        self.min_dcf_p_target = check_option("min_dcf_p_target", min_dcf_p_target)
+        self.dcf_costs = check_option("dcf_costs", dcf_costs)
+        # at least one metric: fmr_vals may be empty only when eer or min_dcf is asked for
+        both = self.eer or self.min_dcf_p_target
+        fractions = check_option("fmr_vals", fmr_vals) if both else non_empty_fractions("fmr_vals", fmr_vals)
         check_option("distance", distance)  # checked as the same options of EmbeddingMetrics are
         check_option("label_comparison_fn", label_comparison_fn)
         check_option("chunk_size", chunk_size)
@@ -155,7 +167,8 @@ class FNMRAtFMR(SampleAccumulator):
 
     def _compute_samples(self, fields: dict[str, Tensor | None], indexes: Tensor | None) -> dict[str, Tensor]:
         embeddings, labels, options = self._pair_inputs(fields)
-        return fnmr_at_fmr(embeddings, labels, fmr_vals=self.fmr_vals, **options)
+        rates = {"eer": self.eer, "min_dcf_p_target": self.min_dcf_p_target, "dcf_costs": self.dcf_costs}
+        return fnmr_at_fmr(embeddings, labels, fmr_vals=self.fmr_vals, **rates, **options)
 
     def det_curve(self, fmr_grid: Iterable[float] = DEFAULT_FMR_GRID) -> tuple[Tensor, Tensor, Tensor]:
         """The DET curve of the accumulated pairs: FNMR at every FMR of ``fmr_grid``.

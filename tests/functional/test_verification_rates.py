@@ -1,0 +1,100 @@
+"""``eer`` and ``min_dcf/{p}`` over every pair, against scikit-learn's ROC route and a brute-force minimum.
+
+The pairs are listed in the tests (numpy, all ordered pairs); the package never lists them. Both computing paths
+(compiled kernels, torch passes) run, with few histogram buckets too (many distances per bucket).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import roc_curve
+
+from torchmetrics_retrieval.functional import _pair_quantiles
+from torchmetrics_retrieval.functional._search import plan
+from torchmetrics_retrieval.functional.verification import fnmr_at_fmr
+
+
+def pairs(x: torch.Tensor, labels: torch.Tensor, distance: str) -> tuple[np.ndarray, np.ndarray]:
+    """Distances and positive flags of every ordered pair (q, g), g != q, as the package computes distances."""
+    if distance == "sqeuclidean":
+        d = ((x[:, None].double() - x[None].double()) ** 2).sum(-1)
+    else:
+        d = torch.cdist(x.double(), x.double())
+    off = ~torch.eye(x.shape[0], dtype=torch.bool)
+    return d[off].numpy(), (labels[:, None] == labels[None, :])[off].numpy()
+
+
+def sklearn_eer(d: np.ndarray, positive: np.ndarray) -> float:
+    fpr, tpr, _ = roc_curve(positive.astype(int), -d, drop_intermediate=False)
+    i = int(np.argmin(np.abs((1 - tpr) - fpr)))
+    return float((fpr[i] + 1 - tpr[i]) / 2)
+
+
+def brute_min_dcf(d: np.ndarray, positive: np.ndarray, p: float, costs: tuple[float, float]) -> float:
+    pos, neg = d[positive], d[~positive]
+    best = costs[0] * p  # t = -inf: every positive missed, no false match
+    for t in np.unique(d):
+        cost = costs[0] * p * np.mean(pos > t) + costs[1] * (1 - p) * np.mean(neg <= t)
+        best = min(best, cost)
+    return best / min(costs[0] * p, costs[1] * (1 - p))
+
+
+CASES = [
+    ("integer ties", "sqeuclidean", 0),
+    ("integer ties", "sqeuclidean", 1),
+    ("continuous", "euclidean", 2),
+]
+
+
+def data(kind: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, 5, (45,), generator=g)
+    labels[:2] = torch.tensor([98, 99])  # lone queries: their pairs are all negative
+    if kind == "integer ties":  # exact ties between positive and negative distances
+        return torch.randint(-2, 3, (45, 3), generator=g).float(), labels
+    return torch.randn(45, 4, generator=g) + labels[:, None].float().remainder(5) / 2, labels
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled kernels", "torch passes"])
+@pytest.mark.parametrize("n_buckets", [2**16, 7])
+@pytest.mark.parametrize(("kind", "distance", "seed"), CASES)
+def test_eer_and_min_dcf_match_the_references(
+    kind: str, distance: str, seed: int, n_buckets: int, compiled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x, labels = data(kind, seed)
+    d, positive = pairs(x, labels, distance)
+    monkeypatch.setattr(_pair_quantiles, "N_BUCKETS", n_buckets)
+    targets, costs = (0.01, 0.3, 0.5), (2.0, 0.5)
+    with plan.force_compiled(compiled):
+        got = fnmr_at_fmr(
+            x, labels, fmr_vals=(0.1,), eer=True, min_dcf_p_target=targets, dcf_costs=costs, distance=distance
+        )
+    assert got["eer"].item() == pytest.approx(sklearn_eer(d, positive), abs=1e-6)
+    for p in targets:
+        assert got[f"min_dcf/{p}"].item() == pytest.approx(brute_min_dcf(d, positive, p, costs), abs=1e-6), p
+    assert got["fnmr@fmr/0.1"].item() == pytest.approx(np.mean(d[positive] >= np.quantile(d[~positive], 0.1)), abs=1e-6)
+
+
+def test_no_positive_pair_gives_nan_with_a_warning() -> None:
+    x = torch.randn(5, 2)
+    with pytest.warns(UserWarning, match="no positive pair"):
+        got = fnmr_at_fmr(x, torch.arange(5), fmr_vals=(), eer=True, min_dcf_p_target=0.5)
+    assert torch.isnan(got["eer"]) and torch.isnan(got["min_dcf/0.5"])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"min_dcf_p_target": (0.0,)}, ValueError, "`min_dcf_p_target` must contain numbers strictly between 0 and 1"),
+        ({"min_dcf_p_target": (1.5,)}, ValueError, "`min_dcf_p_target` must contain numbers in \\[0, 1\\]"),
+        ({"min_dcf_p_target": "0.5"}, TypeError, "`min_dcf_p_target`"),
+        ({"dcf_costs": (1.0, -1.0)}, ValueError, "`dcf_costs` must hold two positive finite costs"),
+        ({"dcf_costs": (1.0,)}, TypeError, "`dcf_costs` must be a pair"),
+        ({"eer": "yes"}, TypeError, "`eer` must be a bool"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs: dict, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        fnmr_at_fmr(torch.randn(6, 2), torch.tensor([0, 0, 1, 1, 2, 2]), **kwargs)
