@@ -172,6 +172,7 @@ PAIR_OPTION_CASES = [
     bad("label_comparison_fn not callable", "label_comparison_fn", label_comparison_fn=3),
 ]
 OPTION_CASES = [  # the options of retrieval_metrics (RetrievalOptions fields)
+    bad("fpir_vals 1.5", "fpir_vals", fpir_vals=(1.5,)),
     *RATE_CASES,
     bad("confidence_level 1", "confidence_level", confidence_level=1.0),
     bad("confidence_level str", "confidence_level", confidence_level="0.95"),

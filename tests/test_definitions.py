@@ -31,6 +31,8 @@ PLACEHOLDERS = {
     "tar@far": "{f}",
     "pcf": "{r}",
     "min_dcf": "{p}",
+    "dir@fpir": "{f}",
+    "fnir@fpir": "{f}",
 }  # any other number in a key is a cutoff {k}
 NUMBER = r"-?\d+(?:\.\d+)?(?:e-?\d+)?"
 
@@ -167,6 +169,7 @@ def _returned_keys() -> set[str]:
         "fmr_vals": (0.1, 1e-05),
         "eer": True,
         "min_dcf_p_target": (0.01,),
+        "fpir_vals": (0.1,),
         "pcf_variance": (0.5, 1),
     }
     categories = torch.arange(40) % 2 + 10

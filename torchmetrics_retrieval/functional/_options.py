@@ -133,6 +133,9 @@ class RetrievalOptions:
     dcf_costs: tuple[float, float] = field(
         default=(1.0, 1.0), metadata=_spec(COSTS, "costs (C_miss, C_fa) of the detection cost of min_dcf")
     )
+    fpir_vals: tuple[float, ...] = field(
+        default=(), metadata=_spec(FRACTIONS, "FPIR values in [0, 1] of open-set dir@fpir and fnir@fpir")
+    )
     pcf_variance: tuple[float, ...] = field(
         default=(), metadata=_spec(FRACTIONS, "explained-variance fractions in [0, 1] of pcf")
     )
@@ -187,7 +190,8 @@ class RetrievalOptions:
     def needs_ranking(self) -> bool:
         """Whether any metric needs a nearest-neighbour search."""
         cutoffs = self.cmc_top_k + self.precision_top_k + self.map_top_k + self.recall_top_k + self.ndcg_top_k
-        return bool(cutoffs) or self.map_at_r or self.r_precision or self.mrr or self.map_full or self.minp
+        full = self.mrr or self.map_full or self.minp or bool(self.fpir_vals)
+        return bool(cutoffs) or self.map_at_r or self.r_precision or full
 
 
 def option_fields() -> Mapping[str, Field[Any]]:

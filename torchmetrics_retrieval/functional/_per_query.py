@@ -21,6 +21,7 @@ from torchmetrics_retrieval.functional import ranking
 from torchmetrics_retrieval.functional._checks import check_positive_int
 from torchmetrics_retrieval.functional._full_ranking import relevant_ranks
 from torchmetrics_retrieval.functional._options import RetrievalOptions
+from torchmetrics_retrieval.functional._search.certify import canonical_distances
 from torchmetrics_retrieval.functional._search.plan import symmetric_search_fits
 from torchmetrics_retrieval.functional._search.problem import make_problem
 from torchmetrics_retrieval.functional._search.rounds import Search
@@ -53,6 +54,9 @@ class RetrievalResult:
         query_positions: ``(Q,)`` positions of the queries in the input set.
         query_labels: ``(Q,)`` or ``(Q, L)`` labels of the queries.
         query_categories: ``(Q,)`` categories of the queries, or None.
+        nearest: ``(Q,)`` canonical distance to each query's nearest gallery item (+inf without one), when
+            ``fpir_vals`` asked for it; else None.
+        nearest_relevant: ``(Q,)`` bool, whether that item is relevant (with ``nearest``).
     """
 
     values: dict[str, Tensor]
@@ -65,6 +69,8 @@ class RetrievalResult:
     query_positions: Tensor
     query_labels: Tensor
     query_categories: Tensor | None
+    nearest: Tensor | None = None
+    nearest_relevant: Tensor | None = None
 
     def worst_queries(self, key: str, n: int = 10) -> Tensor:
         """Input-set positions of the ``n`` counted queries with the lowest ``key`` value (ties by position).
@@ -166,8 +172,23 @@ def _chunked(
         hits = _relevance_matrix_compute(
             qg.query_labels[rows], qg.gallery_labels, part.indices, part.valid, options.label_comparison_fn
         )
-        parts.append(_ranking_values(options, hits, n_relevant[rows], n_candidates[rows]))
+        values = _ranking_values(options, hits, n_relevant[rows], n_candidates[rows])
+        values[_NEAREST], values[_NEAREST_HIT] = part.indices[:, 0], hits[:, 0] & part.valid[:, 0]
+        parts.append(values)
     return {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
+
+
+#: Keys of the chunked pass's per-query nearest item and its relevance (taken out before the values are returned).
+_NEAREST, _NEAREST_HIT = "_nearest", "_nearest_relevant"
+
+
+def _nearest_distances(qg: QueryGallery, options: RetrievalOptions, items: Tensor, found: Tensor) -> Tensor:
+    """The canonical distance of each query to its nearest gallery item (the value ``knn`` reports), +inf where
+    the query's gallery is empty."""
+    problem = make_problem(qg.query, qg.gallery, options.distance, qg.exclusions(), qg.same_set)
+    rows = torch.arange(qg.query.shape[0], device=qg.query.device)
+    distances = canonical_distances(problem, rows, rows, items).to(qg.query.dtype)
+    return distances.masked_fill(~found, float("inf"))
 
 
 def _mrr(qg: QueryGallery, options: RetrievalOptions, within_k: Tensor, n_relevant: Tensor) -> Tensor:
@@ -232,6 +253,13 @@ def per_query(qg: QueryGallery, options: RetrievalOptions, keep_neighbours: bool
             torch.zeros(n_query, 0, dtype=torch.bool, device=device),
         )
         is_relevant = found.valid
+    nearest = nearest_relevant = None
+    if keep_neighbours or one_pass:
+        nearest_item, nearest_relevant = found.indices[:, 0], is_relevant[:, 0] & found.valid[:, 0]
+    else:
+        nearest_item, nearest_relevant = values.pop(_NEAREST), values.pop(_NEAREST_HIT)
+    if options.fpir_vals:
+        nearest = _nearest_distances(qg, options, nearest_item, n_candidates > 0)
     if options.mrr:
         values["mrr"] = _mrr(qg, options, values["mrr"], n_relevant)
     if options.map_full or options.minp:
@@ -248,4 +276,6 @@ def per_query(qg: QueryGallery, options: RetrievalOptions, keep_neighbours: bool
         query_positions=qg.query_positions,
         query_labels=qg.query_labels,
         query_categories=qg.query_categories,
+        nearest=nearest,
+        nearest_relevant=nearest_relevant if options.fpir_vals else None,
     )

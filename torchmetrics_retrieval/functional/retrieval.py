@@ -24,6 +24,7 @@ from torchmetrics_retrieval.functional._checks import describe
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._per_query import RetrievalResult, per_query
 from torchmetrics_retrieval.functional._sets import PairedIds, QueryGallery, split_query_gallery
+from torchmetrics_retrieval.functional.identification import _dir_at_fpir_compute
 from torchmetrics_retrieval.functional.reduction import (
     _apply_empty_target_action_compute,
     _grouped_mean_compute,
@@ -342,6 +343,11 @@ def evaluate(
     if opts.needs_ranking:
         result = per_query(qg, opts, keep_neighbours)
         metrics.update(reduce_per_query(result, opts))
+        if opts.fpir_vals:
+            assert result.nearest is not None and result.nearest_relevant is not None
+            metrics.update(
+                _dir_at_fpir_compute(result.nearest, result.nearest_relevant, result.n_relevant, opts.fpir_vals)
+            )
     if opts.needs_pairs or opts.pcf_variance or opts.clustering:
         everything = _every_sample(qg, query if gallery is None else None, opts.normalize)
         labels = query_labels if gallery is None else torch.cat([qg.query_labels, qg.gallery_labels])
