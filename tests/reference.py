@@ -58,8 +58,10 @@ def rankings(
     search_groups: tuple[Tensor, Tensor] | None = None,
     distance: str = "euclidean",
     label_comparison_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
+    camera_ids: tuple[Tensor, Tensor] | None = None,
 ) -> list[QueryRanking]:
-    """Full ranking of every query: G(q) sorted by (distance rounded to the query dtype, position)."""
+    """Full ranking of every query: G(q) sorted by (distance rounded to the query dtype, position). With
+    ``camera_ids``, an item with the query's label (compared as a whole) and camera is left out."""
     result = []
     for q in range(query.shape[0]):
         items = []
@@ -69,6 +71,9 @@ def rankings(
             if sequence_ids is not None and sequence_ids[0][q] == sequence_ids[1][g]:
                 continue
             if search_groups is not None and search_groups[0][q] != search_groups[1][g]:
+                continue
+            same_camera = camera_ids is not None and camera_ids[0][q] == camera_ids[1][g]
+            if same_camera and torch.equal(query_labels[q], gallery_labels[g]):
                 continue
             d = float(torch.tensor(pair_distance(query[q], gallery[g], distance), dtype=query.dtype))
             items.append((d, g, labels_match(query_labels[q], gallery_labels[g], label_comparison_fn)))
@@ -89,6 +94,7 @@ def whole_set(
     is_gallery: Sequence[bool] | None = None,
     sequence_ids: Tensor | None = None,
     search_groups: Tensor | None = None,
+    camera_ids: Tensor | None = None,
     **kwargs: object,
 ) -> list[QueryRanking]:
     """Rankings of one set's queries against its gallery items (``gallery=None``), positions in the set.
@@ -111,6 +117,7 @@ def whole_set(
         self_index=own,
         sequence_ids=sides(sequence_ids),
         search_groups=sides(search_groups),
+        camera_ids=sides(camera_ids),
         **kwargs,  # type: ignore[arg-type]
     )
     # gallery positions -> set positions: ``items`` is increasing, so the tie order by position is unchanged

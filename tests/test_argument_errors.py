@@ -130,6 +130,20 @@ SET_CASES = [  # the whole-set form (gallery None) of retrieval_metrics, retriev
     bad("search_groups length", "search_groups", search_groups=Y[:5]),
     bad("gallery_labels without gallery", "gallery_labels", gallery_labels=Y),
 ]
+CAMERA_CASES = [  # camera_ids, where the camera protocol applies
+    bad("camera_ids length", "camera_ids", camera_ids=Y[:5]),
+    bad("camera_ids float", "camera_ids", camera_ids=Y.float()),
+    bad("camera_ids a pair without gallery", "camera_ids", camera_ids=(Y, Y)),
+    bad(
+        "camera_ids[1] length with gallery",
+        "camera_ids[1]",
+        query=X[:3],
+        query_labels=Y[:3],
+        gallery=X[3:],
+        gallery_labels=Y[3:],
+        camera_ids=(Y[:3], Y[:2]),
+    ),
+]
 GALLERY_CASES = [  # the separate-gallery form
     *[
         Bad(case.what, {"query": X[:3], "query_labels": Y[:3], "gallery_labels": Y[3:], **case.overrides}, case.name)
@@ -282,6 +296,7 @@ FUNCTIONS: dict[str, Entry] = {
         {"query": X, "query_labels": Y, "mrr": True, "fmr_vals": (0.1,), "pcf_variance": (0.5,)},
         [
             *SET_CASES,
+            *CAMERA_CASES,
             *GALLERY_CASES,
             *OPTION_CASES,
             *CATEGORY_CASES,
@@ -293,6 +308,7 @@ FUNCTIONS: dict[str, Entry] = {
         {"query": X, "query_labels": Y},
         [
             *SET_CASES,
+            *CAMERA_CASES,
             *GALLERY_CASES,
             *CATEGORY_CASES,
             bad("options a dict", "options", options={"cmc_top_k": (1,)}),
@@ -738,7 +754,12 @@ METRICS: dict[str, MetricEntry] = {
             bad("storage_dtype str", "storage_dtype", storage_dtype="float16"),
             bad("prefix not a str", "prefix", prefix=3),
         ],
-        [*UPDATE_SET_CASES, bad("categories length", "categories", categories=Y[:5])],
+        [
+            *UPDATE_SET_CASES,
+            bad("categories length", "categories", categories=Y[:5]),
+            bad("camera_ids length", "camera_ids", camera_ids=Y[:5]),
+            bad("camera_ids float", "camera_ids", camera_ids=Y.float()),
+        ],
     ),
     "FNMRAtFMR": MetricEntry(
         FNMRAtFMR,

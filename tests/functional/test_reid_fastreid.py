@@ -61,3 +61,25 @@ def test_cmc_map_and_minp_match_eval_market1501(seed: int) -> None:
     assert [ours[f"cmc/{k}"].item() for k in (1, 5, 10)] == pytest.approx([cmc[0], cmc[4], cmc[9]], abs=1e-6)
     assert ours["map"].item() == pytest.approx(np.mean(aps), abs=1e-6)
     assert ours["minp"].item() == pytest.approx(np.mean(inps), abs=1e-6)
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_camera_protocol_matches_eval_market1501(seed: int) -> None:
+    """Several cameras per identity: an item with the query's identity and camera is left out of its gallery
+    (items of other identities from that camera stay); queries left without a match are skipped by both."""
+    rank = fastreid_rank()
+    query, query_ids, gallery, gallery_ids = reid_data(seed)
+    g = torch.Generator().manual_seed(50 + seed)
+    query_cams, gallery_cams = torch.randint(0, 3, (40,), generator=g), torch.randint(0, 3, (150,), generator=g)
+    distmat = torch.cdist(query, gallery).numpy()
+    assert np.diff(np.sort(distmat, axis=1), axis=1).min() > 1e-9 * distmat.max()
+    cmc, aps, inps = rank.eval_market1501(
+        distmat, query_ids.numpy(), gallery_ids.numpy(), query_cams.numpy(), gallery_cams.numpy(), 10
+    )
+    ours = F.retrieval_metrics(
+        query, query_ids, gallery, gallery_ids, camera_ids=(query_cams, gallery_cams), cmc_top_k=(1, 5, 10),
+        precision_top_k=(), map_top_k=(), map_full=True, minp=True,
+    )  # fmt: skip
+    assert [ours[f"cmc/{k}"].item() for k in (1, 5, 10)] == pytest.approx([cmc[0], cmc[4], cmc[9]], abs=1e-6)
+    assert ours["map"].item() == pytest.approx(np.mean(aps), abs=1e-6)
+    assert ours["minp"].item() == pytest.approx(np.mean(inps), abs=1e-6)

@@ -37,6 +37,7 @@ def make_data(n: int = 40, d: int = 3, n_labels: int = 5, seed: int = 0) -> dict
         "sequence_ids": torch.randint(0, 8, (n,), generator=g),
         "search_groups": torch.randint(0, 2, (n,), generator=g),
         "categories": torch.randint(0, 3, (n,), generator=g),
+        "camera_ids": torch.randint(0, 3, (n,), generator=g),
     }
 
 
@@ -101,6 +102,7 @@ def slow_metrics(
     sequence_ids: Tensor | None = None,
     search_groups: Tensor | None = None,
     categories: Tensor | None = None,
+    camera_ids: Tensor | None = None,
     per_class: bool = False,
     **options: Any,
 ) -> dict[str, float]:
@@ -118,6 +120,7 @@ def slow_metrics(
         self_index=self_index,
         sequence_ids=None if sequence_ids is None else (sequence_ids[q], sequence_ids[g]),
         search_groups=None if search_groups is None else (search_groups[q], search_groups[g]),
+        camera_ids=None if camera_ids is None else (camera_ids[q], camera_ids[g]),
         distance=options.get("distance", "euclidean"),
     )
     per_query = [_per_query(r, options) for r in rankings]

@@ -58,8 +58,16 @@ def assert_same_state(metric: EmbeddingMetrics, before: dict[str, list[Tensor]])
 @pytest.mark.parametrize("split", SPLITS)
 @pytest.mark.parametrize(
     "fields",
-    [(), ("is_query", "is_gallery"), ("sequence_ids",), ("search_groups", "is_query"), ("categories",)],
-    ids=["leave-one-out", "masks", "sequences", "groups", "categories"],
+    [
+        (),
+        ("is_query", "is_gallery"),
+        ("sequence_ids",),
+        ("search_groups", "is_query"),
+        ("categories",),
+        ("camera_ids", "is_gallery"),
+        ("camera_ids", "sequence_ids", "search_groups"),
+    ],
+    ids=["leave-one-out", "masks", "sequences", "groups", "categories", "cameras", "cameras+sequences+groups"],
 )
 def test_matches_functional_and_reference(split: str, fields: tuple[str, ...]) -> None:
     data = pick(make_data(n=36, seed=len(fields)), fields)
@@ -358,6 +366,7 @@ def test_state_dict_round_trip() -> None:
         "sequence_ids",
         "search_groups",
         "categories",
+        "camera_ids",
         "indexes",
     }
     fresh = EmbeddingMetrics(**ALL_RANKING)

@@ -22,7 +22,7 @@ from torchmetrics_retrieval.functional import retrieval_metrics
 from torchmetrics_retrieval.metrics import EmbeddingMetrics
 
 N = 29  # not a multiple of 2 or 3: DistributedSampler pads with duplicates
-FIELDS = ("is_query", "sequence_ids", "categories")
+FIELDS = ("is_query", "sequence_ids", "categories", "camera_ids")
 OPTIONS: dict[str, Any] = {**ALL_RANKING, "per_class": True, "confidence_level": 0.9, "n_bootstrap": 40}
 #: rows of each rank, by world size: uneven shards, and shards with an empty rank (rank 0 for 2 processes)
 UNEVEN = {1: [N], 2: [20, 9], 3: [3, 19, 7]}

@@ -231,6 +231,7 @@ def per_query(qg: QueryGallery, options: RetrievalOptions, keep_neighbours: bool
         qg.sequence_ids,
         qg.search_groups,
         options.label_comparison_fn,
+        qg.camera_labels,
     )
     n_query, device = qg.query.shape[0], qg.query.device
     n_candidates = qg.exclusions().count_eligible(n_query, qg.gallery.shape[0], device)  # |G(q)|

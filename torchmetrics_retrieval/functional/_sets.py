@@ -47,6 +47,8 @@ class QueryGallery(NamedTuple):
         gallery_positions: ``(G,)`` int64 positions of the gallery items in the input set.
         sequence_ids: ``(query_side, gallery_side)`` or None.
         search_groups: ``(query_side, gallery_side)`` or None.
+        camera_labels: ``(query_side, gallery_side)`` ids of (label, camera), equal when both are (the camera
+            protocol: such an item is left out of the query's gallery), or None.
         query_categories: ``(Q,)`` categories of the queries or None.
         same_set: one set searched against itself (every sample a query and a gallery item, in order):
             ``query`` and ``gallery`` hold the same rows, and a search may take its symmetric path.
@@ -63,11 +65,12 @@ class QueryGallery(NamedTuple):
     search_groups: tuple[Tensor, Tensor] | None
     query_categories: Tensor | None
     same_set: bool
+    camera_labels: tuple[Tensor, Tensor] | None = None
 
     def exclusions(self) -> Exclusions:
         """The exclusion rules of the search (no self rule when no query is in the gallery)."""
         own = self.self_index if bool((self.self_index >= 0).any()) else None
-        return Exclusions(own, self.sequence_ids, self.search_groups)
+        return Exclusions(own, self.sequence_ids, self.search_groups, self.camera_labels)
 
     def take(self, rows: Tensor) -> QueryGallery:
         """The problem restricted to the queries ``rows`` (the gallery is unchanged; no longer ``same_set``)."""
@@ -78,6 +81,7 @@ class QueryGallery(NamedTuple):
             query_positions=self.query_positions[rows],
             sequence_ids=None if self.sequence_ids is None else (self.sequence_ids[0][rows], self.sequence_ids[1]),
             search_groups=None if self.search_groups is None else (self.search_groups[0][rows], self.search_groups[1]),
+            camera_labels=None if self.camera_labels is None else (self.camera_labels[0][rows], self.camera_labels[1]),
             query_categories=None if self.query_categories is None else self.query_categories[rows],
             same_set=False,
         )
@@ -106,6 +110,7 @@ def split_query_gallery(
     sequence_ids: PairedIds | None = None,
     search_groups: PairedIds | None = None,
     categories: Tensor | None = None,
+    camera_ids: PairedIds | None = None,
 ) -> QueryGallery:
     """Validate the inputs (named as ``retrieval_metrics`` names them) and return the :class:`QueryGallery`.
 
@@ -126,10 +131,29 @@ def split_query_gallery(
     if gallery is None:
         if gallery_labels is not None:
             raise ValueError("`gallery_labels` must be None when `gallery` is None, got a tensor.")
-        return _split_one_set(query, query_labels, is_query, is_gallery, sequence_ids, search_groups, categories)
-    if is_query is not None or is_gallery is not None:
-        raise ValueError("`is_query` and `is_gallery` must be None when `gallery` is given (the sets are separate).")
-    return _two_sets(query, query_labels, gallery, gallery_labels, sequence_ids, search_groups, categories)
+        qg = _split_one_set(query, query_labels, is_query, is_gallery, sequence_ids, search_groups, categories)
+        cameras = _split_ids("camera_ids", camera_ids, qg.query_positions, qg.gallery_positions, query.shape[0])
+    else:
+        if is_query is not None or is_gallery is not None:
+            raise ValueError(
+                "`is_query` and `is_gallery` must be None when `gallery` is given (the sets are separate)."
+            )
+        qg = _two_sets(query, query_labels, gallery, gallery_labels, sequence_ids, search_groups, categories)
+        n_gallery = qg.gallery.shape[0]
+        cameras = None
+        if camera_ids is not None:
+            cameras = check_id_pair("camera_ids", camera_ids, query.shape[0], n_gallery, query.device)
+    return qg if cameras is None else qg._replace(camera_labels=_label_cameras(qg, cameras))
+
+
+def _label_cameras(qg: QueryGallery, cameras: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    """One id per (label, camera) on both sides (a 2-D label compared as a whole), equal when both are."""
+    labels = torch.cat([qg.query_labels, qg.gallery_labels])
+    _, label_ids = torch.unique(labels, dim=0 if labels.ndim == 2 else None, return_inverse=True)
+    pairs = torch.stack([label_ids, torch.cat(cameras).long()], dim=1)
+    _, ids = torch.unique(pairs, dim=0, return_inverse=True)
+    n_query = qg.query.shape[0]
+    return ids[:n_query], ids[n_query:]
 
 
 def _split_one_set(

@@ -182,22 +182,29 @@ def _count_relevant_by_equality(
     self_index: Tensor,
     sequence_ids: tuple[Tensor, Tensor] | None,
     search_groups: tuple[Tensor, Tensor] | None,
+    camera_labels: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
-    """Exact counts for the default comparison by sorting-based encoding (no pair is ever formed)."""
+    """Exact counts for the default comparison by sorting-based encoding (no pair is ever formed).
+
+    Relevant items share the query's label (and group). Those sharing its sequence, or (being of its label) its
+    camera, are left out, by inclusion-exclusion over the two rules; the query itself is one of them.
+    """
     n_query = query_labels.shape[0]
     columns = [torch.cat([query_labels, gallery_labels])]
     if search_groups is not None:
         columns.append(torch.cat(search_groups))
     key = _encode_rows(*columns)
-    query_key, gallery_key = key[:n_query], key[n_query:]
-    counts = torch.bincount(gallery_key, minlength=int(key.max()) + 1)[query_key]
-    if sequence_ids is not None:
-        # Items of the query's own sequence are not in its gallery; the query itself is one of them.
-        key_seq = _encode_rows(key, torch.cat(sequence_ids))
-        counts = counts - torch.bincount(key_seq[n_query:], minlength=int(key_seq.max()) + 1)[key_seq[:n_query]]
-    else:
-        counts = counts - (self_index >= 0).long()
-    return counts
+
+    def sharing(*rules: tuple[Tensor, Tensor]) -> Tensor:
+        combined = _encode_rows(key, *(torch.cat(rule) for rule in rules)) if rules else key
+        return torch.bincount(combined[n_query:], minlength=int(combined.max()) + 1)[combined[:n_query]]
+
+    rules = [rule for rule in (sequence_ids, camera_labels) if rule is not None]
+    counts = sharing()
+    if not rules:
+        return counts - (self_index >= 0).long()
+    counts = counts - sum((sharing(rule) for rule in rules), torch.zeros_like(counts))
+    return counts + sharing(*rules) if len(rules) == 2 else counts
 
 
 def count_relevant(
@@ -256,19 +263,22 @@ def _count_relevant_compute(
     sequence_ids: tuple[Tensor, Tensor] | None,
     search_groups: tuple[Tensor, Tensor] | None,
     label_comparison_fn: LabelComparisonFn | None,
+    camera_labels: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """:func:`count_relevant` of checked arguments, all on the device of ``query_labels``."""
     n_query = query_labels.shape[0]
     if self_index is None:
         self_index = torch.full((n_query,), -1, dtype=torch.long, device=query_labels.device)
     if label_comparison_fn is None:
-        return _count_relevant_by_equality(query_labels, gallery_labels, self_index, sequence_ids, search_groups)
+        return _count_relevant_by_equality(
+            query_labels, gallery_labels, self_index, sequence_ids, search_groups, camera_labels
+        )
 
     n_gallery = gallery_labels.shape[0]
     counts = torch.zeros(n_query, dtype=torch.long, device=query_labels.device)
     rows = max(1, min(n_query, _DEFAULT_CHUNK_PAIRS // max(1, n_gallery)))
     cols = max(1, min(n_gallery, _DEFAULT_CHUNK_PAIRS // rows))
-    exclusions = Exclusions(self_index, sequence_ids, search_groups)
+    exclusions = Exclusions(self_index, sequence_ids, search_groups, camera_labels)
     for q0 in range(0, n_query, rows):
         q1 = min(q0 + rows, n_query)
         for g0 in range(0, n_gallery, cols):

@@ -46,6 +46,7 @@ def retrieval_per_query(
     sequence_ids: PairedIds | None = None,
     search_groups: PairedIds | None = None,
     categories: Tensor | None = None,
+    camera_ids: PairedIds | None = None,
     options: RetrievalOptions | None = None,
     keep_neighbours: bool = True,
 ) -> RetrievalResult:
@@ -73,6 +74,7 @@ def retrieval_per_query(
         sequence_ids=sequence_ids,
         search_groups=search_groups,
         categories=categories,
+        camera_ids=camera_ids,
     )
     options = options or RetrievalOptions()
     return per_query(_normalized(qg) if options.normalize else qg, options, keep_neighbours)
@@ -255,6 +257,7 @@ def retrieval_metrics(
     sequence_ids: PairedIds | None = None,
     search_groups: PairedIds | None = None,
     categories: Tensor | None = None,
+    camera_ids: PairedIds | None = None,
     return_per_query: bool = False,
     **options: Any,
 ) -> dict[str, Tensor] | tuple[dict[str, Tensor], RetrievalResult | None]:
@@ -273,6 +276,9 @@ def retrieval_metrics(
         search_groups: the gallery of a query is restricted to its own group (same forms).
         categories: ``(N,)`` (or ``(Q,)`` with a separate gallery) category of each sample; every
             metric is also reported per query category as ``{category}/{key}``.
+        camera_ids: the camera of each sample (re-identification protocol): an item with the query's label
+            *and* camera is left out of its gallery; other labels from that camera stay. Same forms as
+            ``sequence_ids``.
         return_per_query: also return the :class:`RetrievalResult` (None when no ranking metric
             was asked for).
         **options: the fields of :class:`RetrievalOptions`, each documented there with its default: the
@@ -304,6 +310,7 @@ def retrieval_metrics(
         sequence_ids=sequence_ids,
         search_groups=search_groups,
         categories=categories,
+        camera_ids=camera_ids,
         keep_neighbours=return_per_query,
     )
     return (metrics, result) if return_per_query else metrics
@@ -321,6 +328,7 @@ def evaluate(
     sequence_ids: PairedIds | None = None,
     search_groups: PairedIds | None = None,
     categories: Tensor | None = None,
+    camera_ids: PairedIds | None = None,
     keep_neighbours: bool = True,
 ) -> tuple[dict[str, Tensor], RetrievalResult | None]:
     """:func:`retrieval_metrics` with its options already checked (``EmbeddingMetrics`` and the command line
@@ -336,6 +344,7 @@ def evaluate(
         sequence_ids=sequence_ids,
         search_groups=search_groups,
         categories=categories,
+        camera_ids=camera_ids,
     )
     qg = _normalized(qg) if opts.normalize else qg
     result = None

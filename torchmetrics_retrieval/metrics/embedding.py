@@ -84,6 +84,7 @@ class EmbeddingMetrics(SampleAccumulator):
         FieldSpec("sequence_ids", "ids", optional=True),
         FieldSpec("search_groups", "ids", optional=True),
         FieldSpec("categories", "ids", optional=True),
+        FieldSpec("camera_ids", "ids", optional=True),
         FieldSpec("indexes", "indexes", optional=True),
     )
 
@@ -112,6 +113,7 @@ class EmbeddingMetrics(SampleAccumulator):
         search_groups: Tensor | None = None,
         categories: Tensor | None = None,
         indexes: Tensor | None = None,
+        camera_ids: Tensor | None = None,
     ) -> None:
         """Store a batch (nothing is stored if a check fails; a batch of zero rows is a no-op).
 
@@ -123,6 +125,8 @@ class EmbeddingMetrics(SampleAccumulator):
             sequence_ids: ``(B,)`` integer; a query never retrieves items of its own sequence.
             search_groups: ``(B,)`` integer; a query only retrieves items of its own group.
             categories: ``(B,)`` integer; every metric is also reported per query category.
+            camera_ids: ``(B,)`` integer camera of each sample (re-identification): an item with the query's
+                label and camera is left out of its gallery.
             indexes: ``(B,)`` integer dataset index of each sample, to drop DDP duplicates and fix the order.
 
         An optional field given in one batch must be given in every batch (and vice versa).
@@ -139,6 +143,7 @@ class EmbeddingMetrics(SampleAccumulator):
             sequence_ids=sequence_ids,
             search_groups=search_groups,
             categories=categories,
+            camera_ids=camera_ids,
             indexes=indexes,
         )
 

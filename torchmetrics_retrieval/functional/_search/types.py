@@ -2,10 +2,11 @@
 
 The exclusion rule lives here once. A gallery item ``g`` is *excluded* from the gallery of query ``q`` when
 it is ``q`` itself (``self_index[q] == g``: by position, never by comparing vectors), when both carry the
-same sequence id, or when they belong to different search groups. :meth:`Exclusions.fill_excluded_` writes
-a value into the excluded pairs of any block of pairs (a query x gallery tile, a sample of gallery columns,
-or a per-query list of gallery items), and :meth:`Exclusions.count_eligible` counts what the rule leaves,
-per query, without forming pairs.
+same sequence id, when both carry the same label *and* camera (the re-identification camera protocol; the
+pair is encoded as one id, ``camera_labels``), or when they belong to different search groups.
+:meth:`Exclusions.fill_excluded_` writes a value into the excluded pairs of any block of pairs (a query x
+gallery tile, a sample of gallery columns, or a per-query list of gallery items), and
+:meth:`Exclusions.count_eligible` counts what the rule leaves, per query, without forming pairs.
 """
 
 from __future__ import annotations
@@ -76,11 +77,17 @@ class Exclusions(NamedTuple):
     self_index: Tensor | None  # (Q,) int64, -1 where the query is not in the gallery
     sequence_ids: tuple[Tensor, Tensor] | None  # (query side (Q,), gallery side (G,))
     search_groups: tuple[Tensor, Tensor] | None  # (query side (Q,), gallery side (G,))
+    camera_labels: tuple[Tensor, Tensor] | None = None  # dense ids of (label, camera), both sides
+
+    @property
+    def same_id_rules(self) -> list[tuple[Tensor, Tensor]]:
+        """The rules that exclude the items sharing the query's id: sequences, (label, camera)."""
+        return [ids for ids in (self.sequence_ids, self.camera_labels) if ids is not None]
 
     @property
     def any(self) -> bool:
         """Whether some rule is given."""
-        return self.self_index is not None or self.sequence_ids is not None or self.search_groups is not None
+        return self.self_index is not None or bool(self.same_id_rules) or self.search_groups is not None
 
     def fill_excluded_(self, target: Tensor, rows: slice | Tensor, cols: Columns, value: float | bool) -> Tensor:
         """Write ``value`` into the entries of ``target`` that pair a query of ``rows`` with an excluded item.
@@ -89,9 +96,8 @@ class Exclusions(NamedTuple):
         (see :data:`Columns`). The self rule touches at most one entry per row: for a slice of columns it
         is written entry by entry instead of comparing the whole block. Returns ``target``.
         """
-        if self.sequence_ids is not None:
-            seq_q, seq_g = self.sequence_ids
-            target.masked_fill_(_query_side(seq_q, rows) == _gallery_side(seq_g, cols), value)
+        for ids_q, ids_g in self.same_id_rules:
+            target.masked_fill_(_query_side(ids_q, rows) == _gallery_side(ids_g, cols), value)
         if self.search_groups is not None:
             group_q, group_g = self.search_groups
             target.masked_fill_(_query_side(group_q, rows) != _gallery_side(group_g, cols), value)
@@ -115,38 +121,57 @@ class Exclusions(NamedTuple):
 
     def take(self, rows: Tensor) -> Exclusions:
         """The rules of a subset of the queries (the gallery side is unchanged)."""
-        seq, groups = self.sequence_ids, self.search_groups
+
+        def side(ids: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor] | None:
+            return None if ids is None else (ids[0][rows], ids[1])
+
         return Exclusions(
             self_index=None if self.self_index is None else self.self_index[rows],
-            sequence_ids=None if seq is None else (seq[0][rows], seq[1]),
-            search_groups=None if groups is None else (groups[0][rows], groups[1]),
+            sequence_ids=side(self.sequence_ids),
+            search_groups=side(self.search_groups),
+            camera_labels=side(self.camera_labels),
         )
 
     def count_eligible(self, n_query: int, n_gallery: int, device: torch.device) -> Tensor:
         """Number of eligible gallery items of each query, ``(Q,)`` int64, by counting ids (no pairs formed):
-        the group's size, minus the items of the query's sequence in its group, minus the query itself
-        when it is in the gallery and not already excluded by those two rules."""
-        count = torch.full((n_query,), n_gallery, dtype=torch.long, device=device)
-        group_q = group_g = seq_q = seq_g = None
-        if self.search_groups is not None:
-            group_q, group_g, n_groups = _dense_ids(*self.search_groups)
-            count = _same_id_count(group_q, group_g, n_groups)
-        if self.sequence_ids is not None:
-            seq_q, seq_g, n_seq = _dense_ids(*self.sequence_ids)
-            if group_q is not None and group_g is not None:  # same sequence *and* same group
-                count = count - _same_id_count(group_q * n_seq + seq_q, group_g * n_seq + seq_g, n_groups * n_seq)
-            else:
-                count = count - _same_id_count(seq_q, seq_g, n_seq)
-        if self.self_index is not None:
+        the items of the query's group, minus those sharing one of its same-id rules (by inclusion-exclusion
+        over the rules), minus the query itself when it is in the gallery and no rule already excluded it."""
+        group = self.search_groups if self.search_groups is not None else None
+        rules = self.same_id_rules
+
+        def sharing(chosen: list[tuple[Tensor, Tensor]]) -> Tensor:
+            """Per query, the items of its group sharing every id of ``chosen``."""
+            sides = ([group] if group is not None else []) + chosen
+            if not sides:
+                return torch.full((n_query,), n_gallery, dtype=torch.long, device=device)
+            query_key, gallery_key, n_keys = _dense_ids(*_combined(sides))
+            return _same_id_count(query_key, gallery_key, n_keys)
+
+        count = sharing([])
+        for size in range(1, len(rules) + 1):  # at most two rules: |A or B| = |A| + |B| - |A and B|
+            for chosen in _subsets(rules, size):
+                count = count - (-1) ** (size + 1) * sharing(chosen)
+        if self.self_index is not None and not rules:  # a same-id rule always excludes the query itself
             own = self.self_index
             present = own >= 0
-            safe = own.clamp(min=0)
-            if seq_q is not None and seq_g is not None:
-                present &= seq_g[safe] != seq_q
-            if group_q is not None and group_g is not None:
-                present &= group_g[safe] == group_q
+            if group is not None:
+                present &= group[1][own.clamp(min=0)] == group[0]
             count = count - present.long()
         return count
+
+
+def _subsets(items: list[tuple[Tensor, Tensor]], size: int) -> list[list[tuple[Tensor, Tensor]]]:
+    if size == 0:
+        return [[]]
+    return [[items[i], *rest] for i in range(len(items)) for rest in _subsets(items[i + 1 :], size - 1)]
+
+
+def _combined(sides: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+    """Several id pairs as one pair of ids, equal when every component is equal."""
+    query = torch.stack([q.long() for q, _ in sides], dim=1)
+    gallery = torch.stack([g.long() for _, g in sides], dim=1)
+    _, inverse = torch.unique(torch.cat([query, gallery]), dim=0, return_inverse=True)
+    return inverse[: query.shape[0]], inverse[query.shape[0] :]
 
 
 def _dense_ids(query_side: Tensor, gallery_side: Tensor) -> tuple[Tensor, Tensor, int]:
