@@ -109,6 +109,8 @@ def _key_brackets(
     """
     d = distances.to(torch.float64)
     finfo = torch.finfo(distances.dtype)
+    finite = torch.isfinite(d)  # padding (+inf): never before, never ambiguous; kept out of the arithmetic,
+    d = torch.where(finite, d, 0.0)  # whose inf - inf would be NaN and spread through the running min below
     margin = d.abs() * (2.0 * finfo.eps) + finfo.tiny
     low, high = d - margin, d + margin
     if problem.distance == "dot":
@@ -129,10 +131,8 @@ def _key_brackets(
         lower, upper = lower - tol * direct, upper + tol * direct
     # monotone in the threshold's rank (the binary search needs it; the widening above may break it): widening
     # a bracket only makes more items ambiguous
-    upper = upper.cummax(dim=1).values
-    lower = lower.flip(1).cummin(dim=1).values.flip(1)
-    finite = torch.isfinite(d)  # padding: never before, never ambiguous
-    return lower.masked_fill_(~finite, float("inf")), upper.masked_fill_(~finite, float("inf"))
+    lower, upper = lower.masked_fill(~finite, float("inf")), upper.masked_fill(~finite, float("inf"))
+    return lower.flip(1).cummin(dim=1).values.flip(1), upper.cummax(dim=1).values
 
 
 def _relevant_pairs(

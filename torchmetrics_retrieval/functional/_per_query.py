@@ -255,7 +255,9 @@ def per_query(qg: QueryGallery, options: RetrievalOptions, keep_neighbours: bool
         )
         is_relevant = found.valid
     nearest = nearest_relevant = None
-    if keep_neighbours or one_pass:
+    if (keep_neighbours or one_pass) and found.indices.shape[1] == 0:  # no query has a gallery item
+        nearest_item, nearest_relevant = torch.zeros_like(n_relevant), torch.zeros_like(n_relevant, dtype=torch.bool)
+    elif keep_neighbours or one_pass:
         nearest_item, nearest_relevant = found.indices[:, 0], is_relevant[:, 0] & found.valid[:, 0]
     else:
         nearest_item, nearest_relevant = values.pop(_NEAREST), values.pop(_NEAREST_HIT)

@@ -167,11 +167,13 @@ def _subsets(items: list[tuple[Tensor, Tensor]], size: int) -> list[list[tuple[T
 
 
 def _combined(sides: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
-    """Several id pairs as one pair of ids, equal when every component is equal."""
-    query = torch.stack([q.long() for q, _ in sides], dim=1)
-    gallery = torch.stack([g.long() for _, g in sides], dim=1)
-    _, inverse = torch.unique(torch.cat([query, gallery]), dim=0, return_inverse=True)
-    return inverse[: query.shape[0]], inverse[query.shape[0] :]
+    """Several id pairs as one pair of ids, equal when every component is equal (mixed in as dense ids, one
+    component at a time: a 1-D unique each, far faster than a unique over rows)."""
+    query, gallery, _ = _dense_ids(*sides[0])
+    for side in sides[1:]:
+        q, g, n = _dense_ids(*side)
+        query, gallery, _ = _dense_ids(query * n + q, gallery * n + g)
+    return query, gallery
 
 
 def _dense_ids(query_side: Tensor, gallery_side: Tensor) -> tuple[Tensor, Tensor, int]:
