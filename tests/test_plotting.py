@@ -153,3 +153,16 @@ def test_embedding_metrics_plot_of_a_result_with_intervals_is_a_forest_plot() ->
     assert [label.get_text() for label in ax.get_yticklabels()] == ["cmc/1"]
     (points,) = [line for line in ax.get_lines() if line.get_marker() == "o"]
     assert float(points.get_xdata()[0]) == pytest.approx(float(value["cmc/1"]))
+
+
+def test_det_plot_marks_the_eer_and_min_dcf_operating_points() -> None:
+    from torchmetrics_retrieval import FNMRAtFMR
+
+    # the pairs of docs/definitions.md: EER at t = 3 (FMR 6/16, FNMR 2/4), min_dcf/0.5 at t = 4 (6/16, 0)
+    metric = FNMRAtFMR(fmr_vals=(0.2,), eer=True, min_dcf_p_target=(0.5,))
+    metric.update(torch.tensor([[0.0], [2.0], [3.0], [7.0], [10.0]]), torch.tensor([0, 0, 1, 1, 2]))
+    _, ax = metric.plot_curve(fmr_grid=(0.1, 0.5, 1.0))
+    marks = {c.get_label(): c.get_offsets().tolist() for c in ax.collections}
+    assert marks["eer"] == [[6 / 16, 2 / 4]]
+    assert marks["min_dcf/0.5"] == [[6 / 16, 0.0]]
+    assert "fnmr@fmr" in marks

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional._pair_rates import Counted, RateRequest, rates, wanted_buckets
 
-__all__ = ["N_BUCKETS", "Curve", "PairBlock", "PairBuckets", "PairSource", "curve", "statistics"]
+__all__ = ["N_BUCKETS", "Curve", "PairBlock", "PairBuckets", "PairSource", "Statistics", "curve", "statistics"]
 
 #: Number of histogram buckets of the first pass.
 N_BUCKETS = 2**16
@@ -232,7 +232,16 @@ def _nan_curve(n_values: int, reason: str, device: torch.device) -> Curve:
 
 def curve(source: PairSource, buckets: PairBuckets, fractions: tuple[float, ...], device: torch.device) -> Curve:
     """Thresholds and FNMR at the given FMR values, exact, from two passes over ``source``."""
-    return statistics(source, buckets, fractions, None, device)[0]
+    return statistics(source, buckets, fractions, None, device).curve
+
+
+class Statistics(NamedTuple):
+    """The curve at the requested FMR values, the rates (``eer``, ``min_dcf/{p}``) and each rate's operating
+    point ``(FMR, FNMR)``."""
+
+    curve: Curve
+    rates: dict[str, Tensor]
+    points: dict[str, Tensor]
 
 
 def statistics(
@@ -241,7 +250,7 @@ def statistics(
     fractions: tuple[float, ...],
     request: RateRequest | None,
     device: torch.device,
-) -> tuple[Curve, dict[str, Tensor]]:
+) -> Statistics:
     """The curve at ``fractions`` and the rates of ``request`` (EER, minDCF; see ``_pair_rates``), exact, from
     two passes over ``source`` shared by all of them."""
     negative_hist, positive_hist = _histograms(source, buckets)
@@ -252,7 +261,8 @@ def statistics(
     if reason is not None:
         nan = torch.full((), math.nan, dtype=torch.float64, device=device)
         names = [] if request is None else ["eer"] * request.eer + [f"min_dcf/{p}" for p in request.p_targets]
-        return _nan_curve(len(fractions), reason, device), dict.fromkeys(names, nan)
+        nan_points = {name: torch.full((2,), math.nan, dtype=torch.float64, device=device) for name in names}
+        return Statistics(_nan_curve(len(fractions), reason, device), dict.fromkeys(names, nan), nan_points)
     f = torch.tensor(fractions, dtype=torch.float64, device=device)
     low_rank, high_rank, gamma = _quantile_ranks(n_negative, f)
     low_bucket = _bucket_of_rank(negative_hist, low_rank)
@@ -265,9 +275,11 @@ def statistics(
         whole = wanted_buckets(negative_hist, positive_hist, request)
         negative_wanted, positive_wanted = negative_wanted | whole, positive_wanted | whole
     negatives, positives = _collect(source, buckets, negative_wanted, positive_wanted)
-    found = {} if request is None else rates(negative_hist, positive_hist, negatives, positives, buckets.ids, request)
+    found, points = (
+        ({}, {}) if request is None else rates(negative_hist, positive_hist, negatives, positives, buckets.ids, request)
+    )
     if not fractions:
-        return Curve(f, f.clone()), found
+        return Statistics(Curve(f, f.clone()), found, points)
 
     low = _order_statistics(low_rank, negatives, negative_hist, buckets)
     high = _order_statistics(high_rank, negatives, negative_hist, buckets)
@@ -279,4 +291,4 @@ def statistics(
         positive_ids[None, :] <= high_bucket[:, None]
     )
     n_at_or_above = above + (at_or_above * positives.counts[None, :]).sum(dim=1)
-    return Curve(thresholds, n_at_or_above.to(torch.float64) / n_positive), found
+    return Statistics(Curve(thresholds, n_at_or_above.to(torch.float64) / n_positive), found, points)

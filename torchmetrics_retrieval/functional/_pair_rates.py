@@ -91,10 +91,11 @@ def rates(
     positives: Counted,
     bucket_of: Callable[[Tensor], Tensor],
     request: RateRequest,
-) -> dict[str, Tensor]:
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """``{"eer": ..., "min_dcf/{p}": ...}`` (float64, 0-dim) from the histograms (``bucket_of`` their bucket
     function) and the distinct distances the second pass read, which include both signs of every bucket of
-    :func:`wanted_buckets` (the others may be there with one sign only: they are left out)."""
+    :func:`wanted_buckets` (the others may be there with one sign only: they are left out); and, per key, the
+    operating point ``(FMR, FNMR)`` where it is reached (for plots)."""
     fmr_end, fnmr_end, n_negative, n_positive = _ends(negative_hist, positive_hist)
     device = fmr_end.device
     whole = wanted_buckets(negative_hist, positive_hist, request)
@@ -110,19 +111,25 @@ def rates(
     fmr = (cum_neg_before + neg_inside).to(torch.float64) / n_negative
     fnmr = (n_positive - cum_pos_before - pos_inside).to(torch.float64) / n_positive
     out: dict[str, Tensor] = {}
+    points: dict[str, Tensor] = {}
     if request.eer:
-        out["eer"] = _eer(fmr_end, fnmr_end, fmr, fnmr, ids)
+        out["eer"], points["eer"] = _eer(fmr_end, fnmr_end, fmr, fnmr, ids)
     if request.p_targets:
         miss, false_alarm = _weights(request, device)
-        candidate_fnmr, candidate_fmr = torch.cat([fnmr_end, fnmr]), torch.cat([fmr_end, fmr])
+        # candidates: t = -inf (FMR 0, FNMR 1), every bucket end, every distance of the wanted buckets
+        candidate_fmr = torch.cat([torch.zeros(1, dtype=torch.float64, device=device), fmr_end, fmr])
+        candidate_fnmr = torch.cat([torch.ones(1, dtype=torch.float64, device=device), fnmr_end, fnmr])
         costs = miss[:, None] * candidate_fnmr[None, :] + false_alarm[:, None] * candidate_fmr[None, :]
-        best = torch.minimum(costs.min(dim=1).values, miss)  # t = -inf
-        out.update({f"min_dcf/{p}": best[i] for i, p in enumerate(request.p_targets)})
-    return out
+        best, at = costs.min(dim=1)
+        for i, p in enumerate(request.p_targets):
+            out[f"min_dcf/{p}"] = best[i]
+            points[f"min_dcf/{p}"] = torch.stack([candidate_fmr[at[i]], candidate_fnmr[at[i]]])
+    return out, points
 
 
-def _eer(fmr_end: Tensor, fnmr_end: Tensor, fmr: Tensor, fnmr: Tensor, ids: Tensor) -> Tensor:
-    """The EER from the rates at the bucket ends and at the distances of the crossing bucket (collected)."""
+def _eer(fmr_end: Tensor, fnmr_end: Tensor, fmr: Tensor, fnmr: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
+    """The EER and its ``(FMR, FNMR)`` point, from the rates at the bucket ends and at the distances of the
+    crossing bucket (collected)."""
     g_end = fmr_end - fnmr_end
     crossing = int(torch.searchsorted(g_end, torch.zeros(1, dtype=g_end.dtype, device=g_end.device)))
     # the last t before the crossing bucket (-inf when there is none): its rates are the previous bucket end's
@@ -132,4 +139,5 @@ def _eer(fmr_end: Tensor, fnmr_end: Tensor, fmr: Tensor, fnmr: Tensor, ids: Tens
     candidate_fmr = torch.cat([before_fmr.reshape(1), fmr[inside]])  # ascending t
     candidate_fnmr = torch.cat([before_fnmr.reshape(1), fnmr[inside]])
     best = int(torch.argmin((candidate_fmr - candidate_fnmr).abs()))  # the first, i.e. the smallest t, on a tie
-    return (candidate_fmr[best] + candidate_fnmr[best]) / 2
+    point = torch.stack([candidate_fmr[best], candidate_fnmr[best]])
+    return point.mean(), point

@@ -18,6 +18,7 @@ near the thresholds.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -37,6 +38,7 @@ from torchmetrics_retrieval.functional._pair_quantiles import (
     PairBlock,
     PairBuckets,
     PairSource,
+    Statistics,
     curve,
     statistics,
 )
@@ -149,14 +151,36 @@ def pair_metrics(
 ) -> dict[str, Tensor]:
     """``fnmr@fmr/{f}``, ``tar@far/{f}``, ``eer`` and ``min_dcf/{p}`` (float32, 0-dim) of a checked problem, from
     the same two passes over every pair."""
-    buckets = PairBuckets.spanning(*_distance_bounds(qg.query, qg.gallery, distance))
-    source = PairPasses(qg, distance, label_comparison_fn, chunk_size)
-    found, found_rates = statistics(source, buckets, fmr_vals, request, qg.query.device)
-    fnmr = found.fnmr.to(torch.float32)
+    found = _pair_statistics(qg, fmr_vals, request, distance, label_comparison_fn, chunk_size)
+    fnmr = found.curve.fnmr.to(torch.float32)
     out = {f"fnmr@fmr/{f}": fnmr[i] for i, f in enumerate(fmr_vals)}
     out.update({f"tar@far/{f}": 1 - fnmr[i] for i, f in enumerate(fmr_vals)})
-    out.update({key: value.to(torch.float32) for key, value in found_rates.items()})
+    out.update({key: value.to(torch.float32) for key, value in found.rates.items()})
     return out
+
+
+def _pair_statistics(
+    qg: QueryGallery,
+    fmr_vals: tuple[float, ...],
+    request: RateRequest,
+    distance: str,
+    label_comparison_fn: LabelComparisonFn | None,
+    chunk_size: int | None,
+) -> Statistics:
+    buckets = PairBuckets.spanning(*_distance_bounds(qg.query, qg.gallery, distance))
+    source = PairPasses(qg, distance, label_comparison_fn, chunk_size)
+    return statistics(source, buckets, fmr_vals, request, qg.query.device)
+
+
+def _operating_points(query: Tensor, query_labels: Tensor, request: RateRequest, **options: Any) -> dict[str, Tensor]:
+    """``(FMR, FNMR)`` where ``eer`` and each ``min_dcf/{p}`` of ``request`` are reached (the markers of the DET
+    plot of ``FNMRAtFMR``); ``options`` as :func:`fnmr_at_fmr`'s (already checked)."""
+    distance, fn, chunk = options["distance"], options["label_comparison_fn"], options["chunk_size"]
+    qg = _checked_problem(
+        query, query_labels, None, None, options.get("is_query"), options.get("is_gallery"),
+        options.get("sequence_ids"), options.get("search_groups"), distance, fn, chunk,
+    )  # fmt: skip
+    return _pair_statistics(qg, (), request, distance, fn, chunk).points
 
 
 # ----------------------------------------------------------------------------------------------------------------------

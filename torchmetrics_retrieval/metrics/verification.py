@@ -9,9 +9,10 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional._checks import check_fractions
 from torchmetrics_retrieval.functional._options import check_option
+from torchmetrics_retrieval.functional._pair_rates import RateRequest
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
 from torchmetrics_retrieval.functional.search import Distance
-from torchmetrics_retrieval.functional.verification import DEFAULT_FMR_GRID, det_curve, fnmr_at_fmr
+from torchmetrics_retrieval.functional.verification import DEFAULT_FMR_GRID, _operating_points, det_curve, fnmr_at_fmr
 from torchmetrics_retrieval.metrics._state import (
     FieldSpec,
     SampleAccumulator,
@@ -170,6 +171,24 @@ class FNMRAtFMR(SampleAccumulator):
         rates = {"eer": self.eer, "min_dcf_p_target": self.min_dcf_p_target, "dcf_costs": self.dcf_costs}
         return fnmr_at_fmr(embeddings, labels, fmr_vals=self.fmr_vals, **rates, **options)
 
+    def operating_points(self) -> dict[str, Tensor]:
+        """``{"eer": (FMR, FNMR), "min_dcf/{p}": (FMR, FNMR)}``: the points of the DET curve where the EER and each
+        minimum detection cost are reached (empty when neither was asked for); ``plot_curve`` marks them.
+
+        Example:
+            >>> import torch
+            >>> metric = FNMRAtFMR(fmr_vals=(), eer=True, min_dcf_p_target=(0.5,))
+            >>> metric.update(torch.tensor([[0.0], [2.0], [3.0], [7.0], [10.0]]), torch.tensor([0, 0, 1, 1, 2]))
+            >>> {key: point.tolist() for key, point in metric.operating_points().items()}
+            {'eer': [0.375, 0.5], 'min_dcf/0.5': [0.375, 0.0]}
+        """
+        request = RateRequest(self.eer, self.min_dcf_p_target, self.dcf_costs)
+        if not (request.eer or request.p_targets):
+            return {}
+        fields, _ = on_gathered_states(self, self._collect)
+        embeddings, labels, options = self._pair_inputs(fields)
+        return _operating_points(embeddings, labels, request, **options)
+
     def det_curve(self, fmr_grid: Iterable[float] = DEFAULT_FMR_GRID) -> tuple[Tensor, Tensor, Tensor]:
         """The DET curve of the accumulated pairs: FNMR at every FMR of ``fmr_grid``.
 
@@ -228,9 +247,12 @@ class FNMRAtFMR(SampleAccumulator):
         fmr, fnmr, _ = self.det_curve(grid)
         fig, ax = plot_curve(fmr, fnmr, ax=ax, label="DET curve", xlabel="FMR (false match rate)", ylabel="FNMR")
         marked = fnmr.cpu()[[grid.index(f) for f in self.fmr_vals]]
-        ax.scatter(list(self.fmr_vals), marked.numpy(), color="tab:red", zorder=3, label="fnmr@fmr")
+        if self.fmr_vals:
+            ax.scatter(list(self.fmr_vals), marked.numpy(), color="tab:red", zorder=3, label="fnmr@fmr")
         for f, value in zip(self.fmr_vals, marked.tolist(), strict=True):
             ax.annotate(f"{value:.3g} @ {f}", (f, value), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        for key, (point_fmr, point_fnmr) in self.operating_points().items():  # where eer / min_dcf are reached
+            ax.scatter([float(point_fmr)], [float(point_fnmr)], marker="D", zorder=3, label=key)
         if min(grid) > 0:
             ax.set_xscale("log")
         ax.legend()
