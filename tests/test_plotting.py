@@ -166,3 +166,30 @@ def test_det_plot_marks_the_eer_and_min_dcf_operating_points() -> None:
     assert marks["eer"] == [[6 / 16, 2 / 4]]
     assert marks["min_dcf/0.5"] == [[6 / 16, 0.0]]
     assert "fnmr@fmr" in marks
+
+
+def test_log_figure_to_real_lightning_loggers(tmp_path: Any) -> None:
+    """CSVLogger (Lightning's default): a PNG under its log_dir; TensorBoardLogger: an image in its event file."""
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from torchmetrics_retrieval.plotting import log_figure
+
+    fig, _ = plot_curve(torch.arange(1, 4), torch.tensor([0.5, 0.75, 1.0]))
+    csv = CSVLogger(str(tmp_path / "csv"))
+    path = log_figure(csv, "val/cmc", fig, step=7)
+    assert path is not None and path.endswith("val_cmc-7.png")
+    with open(path, "rb") as file:
+        assert file.read(8) == b"\x89PNG\r\n\x1a\n"
+
+    board = TensorBoardLogger(str(tmp_path / "tb"))
+    assert log_figure(board, "val/cmc", fig, step=7) is None
+    board.experiment.flush()
+    events = EventAccumulator(board.log_dir)
+    events.Reload()
+    (image,) = events.Images("val/cmc")
+    assert image.step == 7 and image.encoded_image_string[:8] == b"\x89PNG\r\n\x1a\n"
+
+    with pytest.raises(TypeError, match="`logger` must be a Lightning logger with `experiment.add_figure` or a"):
+        log_figure(object(), "val/cmc", fig)
+    plt.close(fig)

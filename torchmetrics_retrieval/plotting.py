@@ -8,6 +8,7 @@ missing install raises an ``ImportError`` that says how to get it. Every functio
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Literal
@@ -20,7 +21,15 @@ from torchmetrics_retrieval.functional._checks import check_choice, check_positi
 from torchmetrics_retrieval.functional.reduction import EmptyTargetAction, apply_empty_target_action, masked_mean
 from torchmetrics_retrieval.functional.retrieval import RetrievalResult
 
-__all__ = ["cmc_curve", "plot_cmc_curve", "plot_curve", "plot_forest", "plot_worst_queries", "require_matplotlib"]
+__all__ = [
+    "cmc_curve",
+    "log_figure",
+    "plot_cmc_curve",
+    "plot_curve",
+    "plot_forest",
+    "plot_worst_queries",
+    "require_matplotlib",
+]
 
 Curve = Literal["cmc", "precision"]
 
@@ -299,3 +308,49 @@ def plot_forest(
     if any(results):
         ax.legend()
     return fig, ax
+
+
+def log_figure(logger: Any, name: str, figure: Any, step: int | None = None) -> str | None:
+    """Send a matplotlib figure to a Lightning logger: TensorBoard's ``add_figure``, else a PNG in its ``log_dir``.
+
+    The plotting functions and every metric's ``plot`` return ``(figure, axes)``; this is the one call that
+    puts such a figure where the run's other results are. Loggers whose ``experiment`` has ``add_figure``
+    (``TensorBoardLogger``) receive the figure itself; other loggers with a ``log_dir`` (``CSVLogger``, the
+    default) get ``{log_dir}/figures/{name}[-{step}].png``, with the ``/`` of a metric key turned into ``_``.
+
+    Args:
+        logger: a Lightning logger (``trainer.logger`` or ``self.logger`` in a ``LightningModule``).
+        name: the figure's tag, e.g. ``"val/cmc"``.
+        figure: a matplotlib figure.
+        step: the global step, kept in the tag's history (TensorBoard) or in the file name.
+
+    Returns:
+        The PNG's path, or None when the figure went to ``add_figure``.
+
+    Raises:
+        TypeError: for a logger with neither ``experiment.add_figure`` nor ``log_dir``.
+
+    Example:
+        >>> import matplotlib; matplotlib.use("Agg")
+        >>> import tempfile
+        >>> from lightning.pytorch.loggers import CSVLogger
+        >>> fig, ax = plot_curve(torch.arange(1, 4), torch.tensor([0.5, 0.75, 1.0]), label="CMC")
+        >>> logger = CSVLogger(tempfile.mkdtemp())
+        >>> log_figure(logger, "val/cmc", fig, step=3).endswith("figures/val_cmc-3.png")
+        True
+    """
+    add_figure = getattr(getattr(logger, "experiment", None), "add_figure", None)
+    if callable(add_figure):
+        add_figure(name, figure, global_step=step)
+        return None
+    log_dir = getattr(logger, "log_dir", None)
+    if log_dir is None:
+        raise TypeError(
+            f"`logger` must be a Lightning logger with `experiment.add_figure` or a `log_dir`, got "
+            f"{type(logger).__name__}."
+        )
+    folder = os.path.join(log_dir, "figures")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, name.replace("/", "_") + ("" if step is None else f"-{step}") + ".png")
+    figure.savefig(path)
+    return path

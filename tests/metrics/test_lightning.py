@@ -1,6 +1,9 @@
-"""EmbeddingMetrics inside a real Lightning Trainer (fit and validate), one process and ddp_spawn on 2 CPUs.
+"""EmbeddingMetrics and PCF in a MetricCollection inside a real Lightning Trainer (fit and validate), one process
+and ddp_spawn on 2 CPUs.
 
-The module logs ``self.log_dict(self.val_metrics.compute())`` at the end of each validation epoch and
+The module calls ``self.val_metrics.update(embeddings, labels, indexes=...)`` on the collection (positional
+arguments: PCF takes the labels and ignores them), logs ``self.log_dict(self.val_metrics.compute())`` at the end
+of each validation epoch and
 saves the embeddings it produced (with their dataset indexes); the test recomputes the metrics from
 those embeddings with the functional core and requires the logged values to be identical.
 """
@@ -18,9 +21,10 @@ import torch
 from sklearn.datasets import load_digits
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
+from torchmetrics import MetricCollection
 
-from torchmetrics_retrieval.functional import retrieval_metrics
-from torchmetrics_retrieval.metrics import EmbeddingMetrics
+from torchmetrics_retrieval.functional import pcf, retrieval_metrics
+from torchmetrics_retrieval.metrics import PCF, EmbeddingMetrics
 from torchmetrics_retrieval.metrics._state import deduplicate
 
 OPTIONS: dict[str, Any] = {"cmc_top_k": (1, 5), "precision_top_k": (5,), "map_top_k": (5,), "mrr": True}
@@ -34,7 +38,9 @@ class DigitsEmbedder(pl.LightningModule):
         super().__init__()
         self.embed = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16))
         self.head = nn.Linear(16, 10)
-        self.val_metrics = EmbeddingMetrics(**OPTIONS, prefix="val/")
+        self.val_metrics = MetricCollection(
+            {"ranking": EmbeddingMetrics(**OPTIONS), "spread": PCF(pcf_variance=(0.9,))}, prefix="val/"
+        )
         self.out_dir = out_dir
         self.seen: list[tuple[Tensor, Tensor, Tensor]] = []
 
@@ -76,7 +82,7 @@ def _direct(out_dir: Path, stage: str, world_size: int) -> dict[str, Tensor]:
     assert index.unique().numel() == 1797 - N_TRAIN
     rows, _ = deduplicate({"embeddings": embeddings, "labels": labels}, index)
     assert rows["embeddings"] is not None and rows["labels"] is not None
-    values = retrieval_metrics(rows["embeddings"], rows["labels"], **OPTIONS)
+    values = {**retrieval_metrics(rows["embeddings"], rows["labels"], **OPTIONS), "pcf/0.9": pcf(rows["embeddings"], (0.9,))[0]}
     return {f"val/{key}": value for key, value in values.items()}
 
 

@@ -207,9 +207,9 @@ def test_bad_indexes() -> None:
         metric.update(torch.ones(2, 3), indexes=torch.tensor([0.0, 1.0]))
     with pytest.raises(ValueError, match="`indexes` must have 2 rows like `embeddings`"):
         metric.update(torch.ones(2, 3), indexes=torch.arange(3))
-    with pytest.raises(TypeError):
-        metric.update(torch.ones(2, 3), torch.arange(2))  # type: ignore[call-arg]  # indexes are keyword-only
     assert int(metric.count) == 0 and metric.embeddings == []
+    metric.update(torch.ones(2, 3), torch.arange(2))  # a positional second argument is labels (ignored), never indexes
+    assert int(metric.count) == 2 and metric.embeddings == []
 
 
 @pytest.mark.parametrize("n", [0, 1])

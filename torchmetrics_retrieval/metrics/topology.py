@@ -81,8 +81,14 @@ class PCF(SampleAccumulator):
 
     # ---- update -------------------------------------------------------------------------------------------------
 
-    def _check(self, embeddings: Tensor, indexes: Tensor | None) -> dict[str, Tensor | None]:
+    def _check(self, embeddings: Tensor, labels: Tensor | None, indexes: Tensor | None) -> dict[str, Tensor | None]:
         """Validate a batch against the state: same dimension, ``indexes`` given always or never."""
+        if labels is not None and (not isinstance(labels, Tensor) or labels.ndim == 0):
+            raise TypeError(f"`labels` must be None or a (B,) or (B, L) tensor, got {labels!r}.")
+        if labels is not None and isinstance(embeddings, Tensor) and labels.shape[0] != embeddings.shape[0]:
+            raise ValueError(
+                f"`labels` must have one row per embedding, got {labels.shape[0]} rows for {embeddings.shape[0]}."
+            )
         if self.row_sum.numel():  # streamed sums fix the dimension; indexes were never given
             previous: dict[str, Tensor | None] | None = {
                 "embeddings": self.row_sum.new_empty(0, self.row_sum.shape[0]),
@@ -92,20 +98,21 @@ class PCF(SampleAccumulator):
             previous = self._previous_batch()
         return validate_batch(self._fields, {"embeddings": embeddings, "indexes": indexes}, previous)
 
-    def update(self, embeddings: Tensor, *, indexes: Tensor | None = None) -> None:
+    def update(self, embeddings: Tensor, labels: Tensor | None = None, *, indexes: Tensor | None = None) -> None:
         """Add a batch (nothing changes if a check fails; a batch of zero rows is a no-op).
 
         Args:
             embeddings: ``(B, D)`` floating, finite; D the same in every batch.
+            labels: not used (PCF needs no labels); accepted, and checked for one row per embedding, so that
+                PCF sits in a ``MetricCollection`` beside the label-based metrics: ``collection.update(x, y)``.
             indexes: ``(B,)`` integer dataset index of each sample: the rows are then kept (not only their
                 sums) to drop DDP duplicates after the gather. Given in every batch or in none. Keyword-only, so
-                that a ``MetricCollection`` called with ``(embeddings, labels)`` cannot take labels for indexes
-                (call collections with keywords: ``update(embeddings=..., labels=...)``).
+                that a positional second argument can never be taken for indexes.
 
         Raises:
             TypeError, ValueError: naming the argument and what was expected.
         """
-        batch = self._check(embeddings, indexes)
+        batch = self._check(embeddings, labels, indexes)
         x, index = batch["embeddings"], batch["indexes"]
         if x is None or x.shape[0] == 0:
             return
@@ -122,7 +129,9 @@ class PCF(SampleAccumulator):
             row_sum, outer_sum = self.row_sum + row_sum, self.outer_sum + outer_sum
         self.count, self.row_sum, self.outer_sum = self.count + count, row_sum, outer_sum
 
-    def forward(self, embeddings: Tensor, *, indexes: Tensor | None = None) -> dict[str, Tensor]:
+    def forward(
+        self, embeddings: Tensor, labels: Tensor | None = None, *, indexes: Tensor | None = None
+    ) -> dict[str, Tensor]:
         """Add the batch to the state and return the value of the batch alone (torchmetrics' ``forward``).
 
         The batch is checked against the state first, so a bad batch leaves the state as it was.
@@ -130,12 +139,12 @@ class PCF(SampleAccumulator):
         Raises:
             ValueError: also when the batch holds fewer than 2 distinct samples (its value is undefined).
         """
-        batch = self._check(embeddings, indexes)
+        batch = self._check(embeddings, labels, indexes)
         x, index = batch["embeddings"], batch["indexes"]
         n = 0 if x is None else x.shape[0] if index is None else int(index.unique().numel())
         if n < 2:
             raise ValueError(f"`embeddings` must hold at least 2 distinct samples in forward(), got {n}.")
-        return super().forward(embeddings, indexes=indexes)
+        return super().forward(embeddings, labels, indexes=indexes)
 
     # ---- compute ------------------------------------------------------------------------------------------------
 
