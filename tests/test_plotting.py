@@ -190,6 +190,6 @@ def test_log_figure_to_real_lightning_loggers(tmp_path: Any) -> None:
     (image,) = events.Images("val/cmc")
     assert image.step == 7 and image.encoded_image_string[:8] == b"\x89PNG\r\n\x1a\n"
 
-    with pytest.raises(TypeError, match="`logger` must be a Lightning logger with `experiment.add_figure` or a"):
+    with pytest.raises(TypeError, match=r"`logger` must be a Lightning logger with `experiment\.add_figure` or a"):
         log_figure(object(), "val/cmc", fig)
     plt.close(fig)

@@ -82,7 +82,10 @@ def _direct(out_dir: Path, stage: str, world_size: int) -> dict[str, Tensor]:
     assert index.unique().numel() == 1797 - N_TRAIN
     rows, _ = deduplicate({"embeddings": embeddings, "labels": labels}, index)
     assert rows["embeddings"] is not None and rows["labels"] is not None
-    values = {**retrieval_metrics(rows["embeddings"], rows["labels"], **OPTIONS), "pcf/0.9": pcf(rows["embeddings"], (0.9,))[0]}
+    values = {
+        **retrieval_metrics(rows["embeddings"], rows["labels"], **OPTIONS),
+        "pcf/0.9": pcf(rows["embeddings"], (0.9,))[0],
+    }
     return {f"val/{key}": value for key, value in values.items()}
 
 

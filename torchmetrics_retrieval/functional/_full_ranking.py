@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._options import RetrievalOptions
+from torchmetrics_retrieval.functional._progress import section
 from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional._search.certify import canonical_distances, key_tolerance
 from torchmetrics_retrieval.functional._search.key_blocks import key_blocks
@@ -304,11 +305,12 @@ def relevant_ranks(
     problem = make_problem(qg.query, qg.gallery, options.distance, qg.exclusions(), qg.same_set)
     ranks = torch.zeros(n_query, m, dtype=torch.long, device=device)
     step = max(1, _BUDGET_ENTRIES // (n_max + 1))
-    for rows in torch.arange(n_query, device=device).split(step):
-        pair_rows, pair_cols = _relevant_pairs(qg, problem, rows, options)
-        symmetric = problem.symmetric and rows.numel() == n_query  # the whole set against itself at once
-        thresholds = _Thresholds(problem, rows, pair_rows, pair_cols, m, symmetric, last)
-        before = _count_before(problem, rows, thresholds, options.chunk_size)
-        listed = torch.arange(m, device=device)[None, :] < thresholds.filled[:, None]
-        ranks[rows] = torch.where(listed, before + 1, 0)
+    with section("full ranking", n_query * qg.gallery.shape[0]):
+        for rows in torch.arange(n_query, device=device).split(step):
+            pair_rows, pair_cols = _relevant_pairs(qg, problem, rows, options)
+            symmetric = problem.symmetric and rows.numel() == n_query  # the whole set against itself at once
+            thresholds = _Thresholds(problem, rows, pair_rows, pair_cols, m, symmetric, last)
+            before = _count_before(problem, rows, thresholds, options.chunk_size)
+            listed = torch.arange(m, device=device)[None, :] < thresholds.filled[:, None]
+            ranks[rows] = torch.where(listed, before + 1, 0)
     return ranks

@@ -164,6 +164,11 @@ class RetrievalOptions:
     chunk_size: int | None = field(
         default=None, metadata=_spec(POSITIVE_INT_OR_NONE, "rows per distance block (None: from a memory budget)")
     )
+    progress: bool = field(
+        default=False,
+        compare=False,  # how a call reports, not what it computes
+        metadata=_spec(BOOL, "progress bars (tqdm, on stderr) on the passes that take more than a second"),
+    )
 
     @classmethod
     def create(cls, **options: Any) -> RetrievalOptions:

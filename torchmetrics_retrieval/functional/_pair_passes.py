@@ -23,6 +23,7 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional import _pair_quantiles
 from torchmetrics_retrieval.functional._pair_quantiles import PairBlock, PairBuckets
+from torchmetrics_retrieval.functional._precision import ieee_sqrt
 from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional._search.key_blocks import KeyBlock, key_blocks, key_form
 from torchmetrics_retrieval.functional._search.problem import make_problem
@@ -54,6 +55,7 @@ class PairPasses:
         self.problem = make_problem(qg.query, qg.gallery, distance, qg.exclusions(), qg.same_set)
         device, n_query = qg.query.device, qg.query.shape[0]
         self.rows = torch.arange(n_query, device=device)
+        self.n_pairs = n_query * qg.gallery.shape[0]  # ordered pairs a pass reads (its progress bar's total)
         self.form = key_form(self.problem, self.rows, self.problem.symmetric)
         own = self.problem.exclusions.self_index
         self.own = own if own is not None else torch.full((n_query,), -1, dtype=torch.long, device=device)
@@ -81,7 +83,7 @@ class PairPasses:
         v = block.keys * scale + offsets[block.rows, None]
         if mode:
             v = v.clamp_(min=0.0)
-        return v.sqrt_() if mode == 2 else v
+        return ieee_sqrt(v, out=v) if mode == 2 else v
 
     def _pair_block(self, distances: Tensor, rows: slice, cols: slice, mask: Tensor | None) -> PairBlock:
         qg = self.qg

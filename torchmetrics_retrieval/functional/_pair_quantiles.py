@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._pair_rates import Counted, RateRequest, rates, wanted_buckets
+from torchmetrics_retrieval.functional._progress import section
 
 __all__ = ["N_BUCKETS", "Curve", "PairBlock", "PairBuckets", "PairSource", "Statistics", "curve", "statistics"]
 
@@ -253,7 +254,9 @@ def statistics(
 ) -> Statistics:
     """The curve at ``fractions`` and the rates of ``request`` (EER, minDCF; see ``_pair_rates``), exact, from
     two passes over ``source`` shared by all of them."""
-    negative_hist, positive_hist = _histograms(source, buckets)
+    total = getattr(source, "n_pairs", None)
+    with section("pairs, pass 1 of 2", total):
+        negative_hist, positive_hist = _histograms(source, buckets)
     n_negative, n_positive = int(negative_hist.sum()), int(positive_hist.sum())
     reason = "there is no negative pair (every pair's labels match)" if n_negative == 0 else None
     if n_positive == 0:
@@ -274,7 +277,8 @@ def statistics(
     if request is not None:  # both signs of the buckets the rates read (more pairs do not change the curve)
         whole = wanted_buckets(negative_hist, positive_hist, request)
         negative_wanted, positive_wanted = negative_wanted | whole, positive_wanted | whole
-    negatives, positives = _collect(source, buckets, negative_wanted, positive_wanted)
+    with section("pairs, pass 2 of 2", total):
+        negatives, positives = _collect(source, buckets, negative_wanted, positive_wanted)
     found, points = (
         ({}, {}) if request is None else rates(negative_hist, positive_hist, negatives, positives, buckets.ids, request)
     )

@@ -21,6 +21,7 @@ from torchmetrics_retrieval.functional import ranking
 from torchmetrics_retrieval.functional._checks import check_positive_int
 from torchmetrics_retrieval.functional._full_ranking import relevant_ranks
 from torchmetrics_retrieval.functional._options import RetrievalOptions
+from torchmetrics_retrieval.functional._progress import section
 from torchmetrics_retrieval.functional._search.certify import canonical_distances
 from torchmetrics_retrieval.functional._search.plan import symmetric_search_fits
 from torchmetrics_retrieval.functional._search.problem import make_problem
@@ -244,16 +245,17 @@ def per_query(qg: QueryGallery, options: RetrievalOptions, keep_neighbours: bool
     one_pass = n_query * k * _NEIGHBOUR_BYTES <= NEIGHBOUR_TABLE_BYTES or (
         qg.same_set and symmetric_search_fits(n_query, k)
     )
-    if keep_neighbours or one_pass:
-        values, found, is_relevant = _one_pass(qg, options, k, n_relevant, n_candidates, exact=keep_neighbours)
-    else:
-        values = _chunked(qg, options, k, n_relevant, n_candidates)
-        found = KNNResult(
-            torch.zeros(n_query, 0, dtype=qg.query.dtype, device=device),
-            torch.zeros(n_query, 0, dtype=torch.long, device=device),
-            torch.zeros(n_query, 0, dtype=torch.bool, device=device),
-        )
-        is_relevant = found.valid
+    with section("kNN search", n_query, unit="query"):
+        if keep_neighbours or one_pass:
+            values, found, is_relevant = _one_pass(qg, options, k, n_relevant, n_candidates, exact=keep_neighbours)
+        else:
+            values = _chunked(qg, options, k, n_relevant, n_candidates)
+            found = KNNResult(
+                torch.zeros(n_query, 0, dtype=qg.query.dtype, device=device),
+                torch.zeros(n_query, 0, dtype=torch.long, device=device),
+                torch.zeros(n_query, 0, dtype=torch.bool, device=device),
+            )
+            is_relevant = found.valid
     nearest = nearest_relevant = None
     if (keep_neighbours or one_pass) and found.indices.shape[1] == 0:  # no query has a gallery item
         nearest_item, nearest_relevant = torch.zeros_like(n_relevant), torch.zeros_like(n_relevant, dtype=torch.bool)

@@ -23,6 +23,7 @@ from torchmetrics_retrieval.functional._bootstrap import bootstrap_interval
 from torchmetrics_retrieval.functional._checks import describe
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._per_query import RetrievalResult, per_query
+from torchmetrics_retrieval.functional._progress import shown
 from torchmetrics_retrieval.functional._sets import PairedIds, QueryGallery, split_query_gallery
 from torchmetrics_retrieval.functional.identification import _dir_at_fpir_compute
 from torchmetrics_retrieval.functional.reduction import (
@@ -346,6 +347,24 @@ def evaluate(
         categories=categories,
         camera_ids=camera_ids,
     )
+    with shown(opts.progress):
+        metrics, result = _evaluate_checked(qg, opts, query, query_labels, gallery, categories, keep_neighbours)
+    if not metrics and not opts.needs_ranking:
+        warnings.warn(
+            "No metric was requested: every option that selects a metric is empty.", UserWarning, stacklevel=3
+        )
+    return metrics, result
+
+
+def _evaluate_checked(
+    qg: QueryGallery,
+    opts: RetrievalOptions,
+    query: Tensor,
+    query_labels: Tensor,
+    gallery: Tensor | None,
+    categories: Tensor | None,
+    keep_neighbours: bool,
+) -> tuple[dict[str, Tensor], RetrievalResult | None]:
     qg = _normalized(qg) if opts.normalize else qg
     result = None
     metrics: dict[str, Tensor] = {}
@@ -362,8 +381,4 @@ def evaluate(
         labels = query_labels if gallery is None else torch.cat([qg.query_labels, qg.gallery_labels])
         by_category = None if categories is None else (everything[: categories.shape[0]], categories)
         metrics.update(_extra_metrics(opts, qg, everything, labels, by_category))
-    if not metrics and not opts.needs_ranking:
-        warnings.warn(
-            "No metric was requested: every option that selects a metric is empty.", UserWarning, stacklevel=3
-        )
     return metrics, result

@@ -10,6 +10,7 @@ from torch import Tensor
 from torchmetrics_retrieval.functional._checks import check_fractions
 from torchmetrics_retrieval.functional._options import check_option
 from torchmetrics_retrieval.functional._pair_rates import RateRequest
+from torchmetrics_retrieval.functional._progress import shown
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
 from torchmetrics_retrieval.functional.search import Distance
 from torchmetrics_retrieval.functional.verification import DEFAULT_FMR_GRID, _operating_points, det_curve, fnmr_at_fmr
@@ -54,6 +55,7 @@ class FNMRAtFMR(SampleAccumulator):
         label_comparison_fn: custom label match, called as ``fn(query_labels[:, None], gallery_labels[None])``
             (must be picklable to pickle or clone the metric).
         chunk_size: largest side of a block of the distance matrix (None: from a memory budget).
+        progress: progress bars (tqdm, on stderr) on the passes of ``compute`` that take more than a second.
         kwargs: torchmetrics' options (``compute_on_cpu``, ``sync_on_compute``, ``process_group``, ...);
             any other keyword is an error.
 
@@ -99,8 +101,10 @@ class FNMRAtFMR(SampleAccumulator):
         distance: Distance = "euclidean",
         label_comparison_fn: LabelComparisonFn | None = None,
         chunk_size: int | None = None,
+        progress: bool = False,
         **kwargs: Any,
     ) -> None:
+        self.progress = check_option("progress", progress)
         self.eer = check_option("eer", eer)
         self.min_dcf_p_target = check_option("min_dcf_p_target", min_dcf_p_target)
         self.dcf_costs = check_option("dcf_costs", dcf_costs)
@@ -169,7 +173,8 @@ class FNMRAtFMR(SampleAccumulator):
     def _compute_samples(self, fields: dict[str, Tensor | None], indexes: Tensor | None) -> dict[str, Tensor]:
         embeddings, labels, options = self._pair_inputs(fields)
         rates = {"eer": self.eer, "min_dcf_p_target": self.min_dcf_p_target, "dcf_costs": self.dcf_costs}
-        return fnmr_at_fmr(embeddings, labels, fmr_vals=self.fmr_vals, **rates, **options)
+        with shown(self.progress):
+            return fnmr_at_fmr(embeddings, labels, fmr_vals=self.fmr_vals, **rates, **options)
 
     def operating_points(self) -> dict[str, Tensor]:
         """``{"eer": (FMR, FNMR), "min_dcf/{p}": (FMR, FNMR)}``: the points of the DET curve where the EER and each

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from torchmetrics_retrieval.functional._precision import ieee_sqrt
 from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional._search.compiled.order import mixed_runs, order_runs, sort_by_key
 from torchmetrics_retrieval.functional._search.keys import canonical_dots, distances_from_dots, order_key
@@ -59,7 +60,7 @@ def key_tolerance(problem: Problem, rows: Tensor, rounding: int) -> Tensor:
     (which also covers the float64 rounding of the canonical values, about ``2**-29`` times smaller).
     """
     unit = 2.0**-24 * rounding * plan.TOLERANCE_FACTOR
-    q_norm, g_norm = problem.query_sq64[rows].sqrt(), problem.gallery_sq64.max().sqrt()
+    q_norm, g_norm = ieee_sqrt(problem.query_sq64[rows]), ieee_sqrt(problem.gallery_sq64.max())
     if problem.distance == "cosine":
         return torch.full_like(q_norm, unit)
     if problem.distance == "dot":
@@ -75,7 +76,7 @@ def _key_to_distance(problem: Problem, rows: Tensor, keys: Tensor) -> Tensor:
     if problem.distance == "cosine":
         return 1.0 + keys
     squared = keys + problem.query_sq64[rows].view(-1, *([1] * (keys.dim() - 1)))
-    return squared.clamp(min=0.0).sqrt() if problem.distance == "euclidean" else squared
+    return ieee_sqrt(squared.clamp(min=0.0)) if problem.distance == "euclidean" else squared
 
 
 def _near_duplicate_limit(problem: Problem, rows: Tensor, tolerance: Tensor) -> Tensor:

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._precision import ieee_float32_matmul
+from torchmetrics_retrieval.functional._progress import advance
 from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional._search.blocks import block_sides
 from torchmetrics_retrieval.functional._search.problem import Problem
@@ -80,4 +81,6 @@ def key_blocks(problem: Problem, rows: Tensor, chunk_size: int | None, symmetric
     for rs, cs in tiles:
         with ieee_float32_matmul():
             block = keys(rs, cs)
-        yield KeyBlock(rs, cs, block, symmetric and rs != cs)
+        mirrored = symmetric and rs != cs
+        yield KeyBlock(rs, cs, block, mirrored)
+        advance((rs.stop - rs.start) * (cs.stop - cs.start) * (2 if mirrored else 1))  # ordered pairs done

@@ -17,6 +17,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from torchmetrics_retrieval.functional._precision import ieee_sqrt
+
 __all__ = [
     "block_distances",
     "canonical_dots",
@@ -50,7 +52,7 @@ def stage_rows(x64: Tensor, sq64: Tensor, distance: str) -> tuple[Tensor, Tensor
     float64 value: cosine rows are normalised in float64, the norms are the canonical ones. So every
     stage input is within one rounding of its exact value, as ``certify.key_tolerance`` assumes."""
     if distance == "cosine":
-        return (x64 / sq64.sqrt()[:, None]).to(torch.float32), None
+        return (x64 / ieee_sqrt(sq64)[:, None]).to(torch.float32), None
     return x64.to(torch.float32), sq64.to(torch.float32) if distance in ("euclidean", "sqeuclidean") else None
 
 
@@ -61,7 +63,7 @@ def block_distances(q: Tensor, q_sq: Tensor | None, g: Tensor, g_sq: Tensor | No
         return 1.0 - scores if distance == "cosine" else scores.neg_()
     assert q_sq is not None and g_sq is not None
     d = torch.addmm(q_sq[:, None] + g_sq[None, :], q, g.T, alpha=-2.0).clamp_(min=0.0)
-    return d.sqrt_() if distance == "euclidean" else d
+    return ieee_sqrt(d, out=d) if distance == "euclidean" else d
 
 
 def canonical_dots(rows: Tensor, cols: Tensor, query64: Tensor, gallery64: Tensor) -> Tensor:
@@ -125,13 +127,13 @@ def distances_from_dots(
     if distance == "dot":
         return -dots
     if distance == "cosine":
-        return 1.0 - dots / torch.sqrt(q_sq * g_sq)
+        return 1.0 - dots / ieee_sqrt(q_sq * g_sq)
     scale = q_sq + g_sq
     squared = (scale - 2.0 * dots).clamp_(min=0.0)
     close = torch.nonzero(squared < scale * 2.0**-10, as_tuple=True)
     if close[0].numel():
         squared[close] = direct_sq(close)
-    return squared.sqrt_() if distance == "euclidean" else squared
+    return ieee_sqrt(squared, out=squared) if distance == "euclidean" else squared
 
 
 def exact_block(q64: Tensor, q_sq: Tensor, g64: Tensor, g_sq: Tensor, distance: str) -> Tensor:

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._precision import ieee_float32_matmul
+from torchmetrics_retrieval.functional._progress import advance
 from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional._search.certify import rank
 from torchmetrics_retrieval.functional._search.faiss_stage import FaissStage
@@ -100,6 +101,7 @@ def _search_rounds(search: Search, stage: TorchStage | FaissStage, queries: Tens
             indices[done] = ranked.indices[ranked.certified]
             valid[done] = ranked.valid[ranked.certified]
             failed.append(rows[~ranked.certified])
+            advance(done.numel())
         pending = torch.cat(failed)
         kp = min(n_gallery, 2 * kp)
         first_round = False
