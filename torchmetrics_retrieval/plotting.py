@@ -65,10 +65,12 @@ def plot_curve(
     """Draw one curve ``y(x)`` on ``ax`` (or on a new figure); the building block of every curve plot.
 
     Args:
-        x, y: ``(P,)`` tensors (any device).
+        x: ``(P,)`` tensor of the horizontal coordinates (any device).
+        y: ``(P,)`` tensor of the vertical coordinates.
         ax: a matplotlib axis, or None for a new figure.
         label: legend entry of the curve.
-        xlabel, ylabel: axis titles.
+        xlabel: title of the horizontal axis.
+        ylabel: title of the vertical axis.
         ylim: y range (None: matplotlib's choice).
         marker: matplotlib marker (None: a plain line).
 
@@ -138,7 +140,8 @@ def plot_cmc_curve(
         result: ``EmbeddingMetrics.per_query`` or the second output of
             ``retrieval_metrics(..., return_per_query=True)``.
         curve: ``"cmc"`` or ``"precision"``.
-        precision_mode, empty_target_action: as in the metrics (use the same as the metric's options).
+        precision_mode: as in the metrics (use the metric's own option).
+        empty_target_action: as in the metrics (use the metric's own option).
         ax: a matplotlib axis, or None for a new figure.
         label: legend entry (e.g. the model's name, to compare models on one axis).
 

@@ -271,7 +271,8 @@ def retrieval_metrics(
         query_labels: ``(N,)`` or ``(N, L)`` labels, any dtype.
         gallery: ``(G, D)`` gallery embeddings, or None.
         gallery_labels: ``(G,)`` or ``(G, L)`` labels of the gallery (with ``gallery`` only).
-        is_query, is_gallery: ``(N,)`` bool masks (with ``gallery=None`` only).
+        is_query: ``(N,)`` bool mask of the queries (with ``gallery=None`` only).
+        is_gallery: ``(N,)`` bool mask of the gallery items (with ``gallery=None`` only).
         sequence_ids: items sharing the query's sequence id are left out of its gallery. One
             ``(N,)`` tensor with ``gallery=None``, else a ``(query_side, gallery_side)`` pair.
         search_groups: the gallery of a query is restricted to its own group (same forms).

@@ -96,9 +96,12 @@ class CrossModalRetrieval(Metric):
         """Store the given side(s) of a batch; nothing is stored when a check fails.
 
         Args:
-            embeddings_a, ids_a: ``(B, D)`` A embeddings and their ``(B,)`` integer group ids (both or neither).
-            embeddings_b, ids_b: the same for B (``D`` as A's).
-            indexes_a, indexes_b: optional ``(B,)`` dataset indexes of each side (de-duplication under DDP).
+            embeddings_a: ``(B, D)`` embeddings of side A (given with ``ids_a``, or neither is given).
+            ids_a: ``(B,)`` integer group id of each A item.
+            embeddings_b: ``(B, D)`` embeddings of side B (``D`` as A's; given with ``ids_b``, or neither).
+            ids_b: ``(B,)`` integer group id of each B item.
+            indexes_a: optional ``(B,)`` dataset index of each A item (de-duplication under DDP).
+            indexes_b: the same for the B items.
         """
         sides = []
         for side, name, embeddings, ids, indexes in (

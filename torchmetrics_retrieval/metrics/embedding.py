@@ -120,8 +120,9 @@ class EmbeddingMetrics(SampleAccumulator):
         Args:
             embeddings: ``(B, D)`` floating, finite; D the same in every batch.
             labels: ``(B,)`` or ``(B, L)``, any real dtype; shape and dtype the same in every batch.
-            is_query, is_gallery: ``(B,)`` bool; a missing mask means all True (every sample is then
-                both a query and a gallery item, and never retrieves itself).
+            is_query: ``(B,)`` bool, which samples are queries; a missing mask means all True (every sample is
+                then both a query and a gallery item, and never retrieves itself).
+            is_gallery: ``(B,)`` bool, which samples are gallery items (missing: all True).
             sequence_ids: ``(B,)`` integer; a query never retrieves items of its own sequence.
             search_groups: ``(B,)`` integer; a query only retrieves items of its own group.
             categories: ``(B,)`` integer; every metric is also reported per query category.

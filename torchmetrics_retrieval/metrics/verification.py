@@ -136,8 +136,9 @@ class FNMRAtFMR(SampleAccumulator):
             embeddings: ``(B, D)`` floating, finite; D the same in every batch (later batches are cast to
                 the dtype of the first).
             labels: ``(B,)`` or ``(B, L)``, any real dtype; shape and dtype the same in every batch.
-            is_query, is_gallery: ``(B,)`` bool; a missing mask means all True (leave-one-out: every sample
-                is paired with every other one, in both orders).
+            is_query: ``(B,)`` bool, which samples are queries; a missing mask means all True (leave-one-out:
+                every sample is paired with every other one, in both orders).
+            is_gallery: ``(B,)`` bool, which samples are gallery items (missing: all True).
             sequence_ids: ``(B,)`` integer; pairs within a sequence are left out.
             search_groups: ``(B,)`` integer; only pairs within a group are formed.
             indexes: ``(B,)`` integer dataset index of each sample, to drop DDP duplicates and fix the order.
