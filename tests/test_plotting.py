@@ -181,6 +181,7 @@ def test_log_figure_to_real_lightning_loggers(tmp_path: Any) -> None:
     assert path is not None and path.endswith("val_cmc-7.png")
     with open(path, "rb") as file:
         assert file.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert csv._experiment is None  # the CSV writer was not created (it would start the metrics file again)
 
     board = TensorBoardLogger(str(tmp_path / "tb"))
     assert log_figure(board, "val/cmc", fig, step=7) is None

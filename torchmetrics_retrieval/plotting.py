@@ -342,7 +342,8 @@ def log_figure(logger: Any, name: str, figure: Any, step: int | None = None) -> 
         >>> log_figure(logger, "val/cmc", fig, step=3).endswith("figures/val_cmc-3.png")
         True
     """
-    add_figure = getattr(getattr(logger, "experiment", None), "add_figure", None)
+    # A CSV logger's ``experiment`` is not touched: creating it again would start a new metrics file.
+    add_figure = None if _is_csv_logger(logger) else getattr(getattr(logger, "experiment", None), "add_figure", None)
     if callable(add_figure):
         add_figure(name, figure, global_step=step)
         return None
@@ -357,3 +358,12 @@ def log_figure(logger: Any, name: str, figure: Any, step: int | None = None) -> 
     path = os.path.join(folder, name.replace("/", "_") + ("" if step is None else f"-{step}") + ".png")
     figure.savefig(path)
     return path
+
+
+def _is_csv_logger(logger: Any) -> bool:
+    """Whether ``logger`` is Lightning's ``CSVLogger`` (of ``lightning.pytorch`` or ``lightning.fabric``)."""
+    try:
+        from lightning.fabric.loggers import CSVLogger
+    except ImportError:  # Lightning is optional
+        return False
+    return isinstance(logger, CSVLogger)
