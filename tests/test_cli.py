@@ -137,22 +137,3 @@ def test_evaluate_files_on_disk(tmp_path, capsys) -> None:  # type: ignore[no-un
     _, neighbours = NearestNeighbors(n_neighbors=1).fit(digits.data[1000:]).kneighbors(digits.data[:1000])
     expected = (digits.target[1000:][neighbours[:, 0]] == digits.target[:1000]).mean()
     assert separate["cmc/1"] == pytest.approx(expected, abs=3 / 1000)
-
-
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["evaluate", "missing.npy", "y.npy"], "not found"),
-        (["evaluate", "{x}", "{y}", "--gallery", "{x}"], "--gallery-labels"),
-        (["evaluate", "{txt}", "{y}"], ".npy, .npz or .pt"),
-        (["evaluate", "{x}", "{short}"], "labels"),
-    ],
-)
-def test_evaluate_errors(tmp_path, argv, message) -> None:  # type: ignore[no-untyped-def]
-    paths = {"x": tmp_path / "x.npy", "y": tmp_path / "y.npy", "txt": tmp_path / "x.txt", "short": tmp_path / "s.npy"}
-    np.save(paths["x"], np.zeros((4, 2), dtype=np.float32))
-    np.save(paths["y"], np.array([0, 0, 1, 1]))
-    np.save(paths["short"], np.array([0, 1]))
-    paths["txt"].write_text("1 2")
-    with pytest.raises(SystemExit, match=message.replace(".", r"\.")):
-        main([a.format(**{k: str(v) for k, v in paths.items()}) for a in argv])
