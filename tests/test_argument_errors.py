@@ -172,6 +172,7 @@ GALLERY_CASES = [  # the separate-gallery form
 ]
 RATE_CASES = [  # eer / min_dcf options, wherever FNMR@FMR is computed
     bad("eer str", "eer", eer="yes"),
+    bad("roc_auc int", "roc_auc", roc_auc=1),
     bad("min_dcf_p_target 0", "min_dcf_p_target", min_dcf_p_target=(0.0,)),
     bad("min_dcf_p_target 1", "min_dcf_p_target", min_dcf_p_target=(1.0,)),
     bad("min_dcf_p_target str", "min_dcf_p_target", min_dcf_p_target="0.5"),
@@ -187,6 +188,7 @@ PAIR_OPTION_CASES = [
 ]
 OPTION_CASES = [  # the options of retrieval_metrics (RetrievalOptions fields)
     bad("fpir_vals 1.5", "fpir_vals", fpir_vals=(1.5,)),
+    bad("progress str", "progress", progress="yes"),
     *RATE_CASES,
     bad("confidence_level 1", "confidence_level", confidence_level=1.0),
     bad("confidence_level str", "confidence_level", confidence_level="0.95"),
@@ -768,6 +770,7 @@ METRICS: dict[str, MetricEntry] = {
         [
             *PAIR_OPTION_CASES,
             *RATE_CASES,
+            bad("progress str", "progress", progress="yes"),
             bad("fmr_vals 1.5", "fmr_vals", fmr_vals=(1.5,)),
             bad("fmr_vals empty", "fmr_vals", fmr_vals=()),
             bad("fmr_vals str", "fmr_vals", fmr_vals="0.1"),

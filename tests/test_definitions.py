@@ -168,6 +168,7 @@ def _returned_keys() -> set[str]:
         "clustering": True,
         "fmr_vals": (0.1, 1e-05),
         "eer": True,
+        "roc_auc": True,
         "min_dcf_p_target": (0.01,),
         "fpir_vals": (0.1,),
         "pcf_variance": (0.5, 1),

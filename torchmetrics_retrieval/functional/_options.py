@@ -127,6 +127,7 @@ class RetrievalOptions:
         default=(), metadata=_spec(FRACTIONS, "FMR values in [0, 1] of fnmr@fmr and tar@far")
     )
     eer: bool = field(default=False, metadata=_spec(BOOL, "equal error rate over every pair"))
+    roc_auc: bool = field(default=False, metadata=_spec(BOOL, "area under the ROC curve over every pair (exact)"))
     min_dcf_p_target: tuple[float, ...] = field(
         default=(), metadata=_spec(OPEN_FRACTIONS, "target priors p in (0, 1) of min_dcf/{p} over every pair")
     )
@@ -188,8 +189,8 @@ class RetrievalOptions:
 
     @property
     def needs_pairs(self) -> bool:
-        """Whether any metric reads every (query, gallery item) pair (FNMR@FMR, EER, minDCF)."""
-        return bool(self.fmr_vals) or self.eer or bool(self.min_dcf_p_target)
+        """Whether any metric reads every (query, gallery item) pair (FNMR@FMR, EER, minDCF, ROC AUC)."""
+        return bool(self.fmr_vals) or self.eer or bool(self.min_dcf_p_target) or self.roc_auc
 
     @property
     def needs_ranking(self) -> bool:

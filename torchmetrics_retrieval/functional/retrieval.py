@@ -199,7 +199,13 @@ def _extra_metrics(
         request = RateRequest(options.eer, options.min_dcf_p_target, options.dcf_costs)
         metrics.update(
             pair_metrics(
-                qg, options.fmr_vals, request, options.distance, options.label_comparison_fn, options.chunk_size
+                qg,
+                options.fmr_vals,
+                request,
+                options.distance,
+                options.label_comparison_fn,
+                options.chunk_size,
+                options.roc_auc,
             )
         )
     if options.pcf_variance:

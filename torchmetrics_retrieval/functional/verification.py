@@ -148,14 +148,21 @@ def pair_metrics(
     distance: str,
     label_comparison_fn: LabelComparisonFn | None,
     chunk_size: int | None,
+    roc_auc: bool = False,
 ) -> dict[str, Tensor]:
     """``fnmr@fmr/{f}``, ``tar@far/{f}``, ``eer`` and ``min_dcf/{p}`` (float32, 0-dim) of a checked problem, from
-    the same two passes over every pair."""
-    found = _pair_statistics(qg, fmr_vals, request, distance, label_comparison_fn, chunk_size)
-    fnmr = found.curve.fnmr.to(torch.float32)
-    out = {f"fnmr@fmr/{f}": fnmr[i] for i, f in enumerate(fmr_vals)}
-    out.update({f"tar@far/{f}": 1 - fnmr[i] for i, f in enumerate(fmr_vals)})
-    out.update({key: value.to(torch.float32) for key, value in found.rates.items()})
+    the same two passes over every pair; ``roc_auc`` from its own pass (``_pair_auc``)."""
+    out: dict[str, Tensor] = {}
+    if fmr_vals or request.eer or request.p_targets:
+        found = _pair_statistics(qg, fmr_vals, request, distance, label_comparison_fn, chunk_size)
+        fnmr = found.curve.fnmr.to(torch.float32)
+        out.update({f"fnmr@fmr/{f}": fnmr[i] for i, f in enumerate(fmr_vals)})
+        out.update({f"tar@far/{f}": 1 - fnmr[i] for i, f in enumerate(fmr_vals)})
+        out.update({key: value.to(torch.float32) for key, value in found.rates.items()})
+    if roc_auc:
+        from torchmetrics_retrieval.functional._pair_auc import roc_auc_of_pairs
+
+        out["roc_auc"] = roc_auc_of_pairs(qg, distance, label_comparison_fn, chunk_size).to(torch.float32)
     return out
 
 
@@ -227,6 +234,7 @@ def fnmr_at_fmr(
     eer: bool = False,
     min_dcf_p_target: float | Iterable[float] = (),
     dcf_costs: tuple[float, float] = (1.0, 1.0),
+    roc_auc: bool = False,
     is_query: Tensor | None = None,
     is_gallery: Tensor | None = None,
     sequence_ids: PairedIds | None = None,
@@ -254,6 +262,7 @@ def fnmr_at_fmr(
         min_dcf_p_target: target priors p in (0, 1): also return ``min_dcf/{p}``, the minimum normalised detection
             cost (docs/definitions.md).
         dcf_costs: ``(C_miss, C_fa)``, positive, of the detection cost.
+        roc_auc: also return ``roc_auc``, the area under the ROC curve (TAR against FAR), ties counting one half.
         is_query: ``(N,)`` bool, which samples are queries (``gallery=None`` only).
         is_gallery: ``(N,)`` bool, which samples are gallery items (``gallery=None`` only).
         sequence_ids: pairs of the same sequence are left out.
@@ -275,6 +284,9 @@ def fnmr_at_fmr(
         >>> fnmr_at_fmr(x, torch.tensor([0, 0, 1, 1]), fmr_vals=(0.1, 0.5))
         {'fnmr@fmr/0.1': tensor(0.5000), 'fnmr@fmr/0.5': tensor(0.),
          'tar@far/0.1': tensor(0.5000), 'tar@far/0.5': tensor(1.)}
+        >>> # roc_auc: of the 4 x 8 (positive, negative) couples, 24 have the positive closer (each 1 below all 8)
+        >>> fnmr_at_fmr(x, torch.tensor([0, 0, 1, 1]), fmr_vals=(), roc_auc=True)
+        {'roc_auc': tensor(0.7500)}
     """
     fractions = check_fractions("fmr_vals", fmr_vals)
     request = RateRequest(
@@ -282,6 +294,7 @@ def fnmr_at_fmr(
         check_open_fractions("min_dcf_p_target", min_dcf_p_target),
         check_costs("dcf_costs", dcf_costs),
     )
+    with_auc = check_bool("roc_auc", roc_auc)
     qg = _checked_problem(
         query,
         query_labels,
@@ -295,7 +308,7 @@ def fnmr_at_fmr(
         label_comparison_fn,
         chunk_size,
     )
-    return pair_metrics(qg, fractions, request, distance, label_comparison_fn, chunk_size)
+    return pair_metrics(qg, fractions, request, distance, label_comparison_fn, chunk_size, with_auc)
 
 
 def det_curve(

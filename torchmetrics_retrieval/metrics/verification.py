@@ -51,6 +51,7 @@ class FNMRAtFMR(SampleAccumulator):
         eer: also the equal error rate, key ``eer``.
         min_dcf_p_target: target priors p in (0, 1); keys ``min_dcf/{p}``, the minimum normalised detection cost.
         dcf_costs: ``(C_miss, C_fa)``, positive.
+        roc_auc: also the area under the ROC curve over every pair, key ``roc_auc`` (exact, one more pass).
         distance: ``"euclidean"``, ``"sqeuclidean"``, ``"cosine"`` or ``"dot"``.
         label_comparison_fn: custom label match, called as ``fn(query_labels[:, None], gallery_labels[None])``
             (must be picklable to pickle or clone the metric).
@@ -98,6 +99,7 @@ class FNMRAtFMR(SampleAccumulator):
         eer: bool = False,
         min_dcf_p_target: float | Iterable[float] = (),
         dcf_costs: tuple[float, float] = (1.0, 1.0),
+        roc_auc: bool = False,
         distance: Distance = "euclidean",
         label_comparison_fn: LabelComparisonFn | None = None,
         chunk_size: int | None = None,
@@ -108,8 +110,9 @@ class FNMRAtFMR(SampleAccumulator):
         self.eer = check_option("eer", eer)
         self.min_dcf_p_target = check_option("min_dcf_p_target", min_dcf_p_target)
         self.dcf_costs = check_option("dcf_costs", dcf_costs)
-        # at least one metric: fmr_vals may be empty only when eer or min_dcf is asked for
-        both = self.eer or self.min_dcf_p_target
+        self.roc_auc = check_option("roc_auc", roc_auc)
+        # at least one metric: fmr_vals may be empty only when eer, min_dcf or roc_auc is asked for
+        both = self.eer or self.min_dcf_p_target or self.roc_auc
         fractions = check_option("fmr_vals", fmr_vals) if both else non_empty_fractions("fmr_vals", fmr_vals)
         check_option("distance", distance)  # checked as the same options of EmbeddingMetrics are
         check_option("label_comparison_fn", label_comparison_fn)
@@ -174,6 +177,7 @@ class FNMRAtFMR(SampleAccumulator):
     def _compute_samples(self, fields: dict[str, Tensor | None], indexes: Tensor | None) -> dict[str, Tensor]:
         embeddings, labels, options = self._pair_inputs(fields)
         rates = {"eer": self.eer, "min_dcf_p_target": self.min_dcf_p_target, "dcf_costs": self.dcf_costs}
+        rates["roc_auc"] = self.roc_auc
         with shown(self.progress):
             return fnmr_at_fmr(embeddings, labels, fmr_vals=self.fmr_vals, **rates, **options)
 

@@ -1,0 +1,194 @@
+"""Exact ROC AUC over every ordered (query, gallery item) pair, streamed: the area under TAR against FAR, i.e. the
+share of (positive pair, negative pair) couples whose positive distance is the smaller, ties counting one half —
+scikit-learn's ``roc_auc_score(is_positive, -distance)`` over all pairs, without listing them.
+
+The positive pairs are few and listed from the labels, with their canonical distances (the values ``knn``
+reports), and sorted. One pass over float64 blocks of inner products then places every negative pair among them.
+A block's distance is not the canonical one (another summation order), but both lie within a rigorous bound of
+the exact value; where the bound's two ends round to the same float32 number that number *is* the canonical
+float32 distance, so ties between positives and negatives are counted exactly. The rare pairs where the ends
+differ are computed canonically, one by one. (With float64 embeddings the canonical distances are float64 and
+every pair takes that slower way.) The float32 search keys of the other pair metrics cannot serve here: their
+bound spans hundreds of float32 steps, and with hundreds of thousands of positive distances spread over the same
+range almost every negative would fall within one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from torchmetrics_retrieval.functional._full_ranking import _relevant_pairs
+from torchmetrics_retrieval.functional._options import RetrievalOptions
+from torchmetrics_retrieval.functional._pair_passes import _dense_label_ids
+from torchmetrics_retrieval.functional._precision import ieee_sqrt
+from torchmetrics_retrieval.functional._progress import advance, section
+from torchmetrics_retrieval.functional._search import plan
+from torchmetrics_retrieval.functional._search.blocks import block_sides
+from torchmetrics_retrieval.functional._search.certify import canonical_distances
+from torchmetrics_retrieval.functional._search.problem import Problem, make_problem
+from torchmetrics_retrieval.functional._sets import QueryGallery
+from torchmetrics_retrieval.functional.relevance import LabelComparisonFn, _label_match_compute
+
+__all__ = ["roc_auc_of_pairs"]
+
+_MODES = {"dot": 0, "cosine": 1, "sqeuclidean": 2, "euclidean": 3}
+#: Lookup-table buckets per positive distance (the walk after the table then reads about one positive).
+_LUT_PER_POSITIVE = 2
+
+
+def _tiles(n_rows: int, n_cols: int, chunk_size: int | None, symmetric: bool) -> list[tuple[slice, slice]]:
+    """Blocks of the pairs; for a set against itself only the upper triangle of square tiles (mirrored)."""
+    if symmetric:
+        side = min(plan.SYMMETRIC_KEY_TILE, chunk_size or plan.SYMMETRIC_KEY_TILE)
+        starts = range(0, n_rows, side)
+        return [
+            (slice(a, min(a + side, n_rows)), slice(b, min(b + side, n_rows))) for a in starts for b in starts if b >= a
+        ]
+    rows, cols = block_sides(n_rows, n_cols, chunk_size, bytes_per_pair=9)
+    return [
+        (slice(a, min(a + rows, n_rows)), slice(b, min(b + cols, n_cols)))
+        for a in range(0, n_rows, rows)
+        for b in range(0, n_cols, cols)
+    ]
+
+
+class _Positives:
+    """The sorted canonical distances of the positive pairs, with the lookup table of the compiled kernel."""
+
+    def __init__(self, values: Tensor) -> None:
+        self.values = torch.sort(values.cpu()).values
+        n = self.values.numel()
+        self.n_buckets = max(1, _LUT_PER_POSITIVE * n)
+        first, last = float(self.values[0]), float(self.values[-1])
+        self.first = first
+        self.inv_width = self.n_buckets / (last - first) if last > first else 0.0
+        buckets = np.minimum((self.values.double().numpy() - first) * self.inv_width, self.n_buckets - 1.0)
+        # lut[b]: the first positive whose bucket (computed as the kernel computes it) is b or later
+        self.lut = np.searchsorted(buckets.astype(np.int64), np.arange(self.n_buckets), side="left").astype(np.int64)
+
+    def table(self) -> tuple[Any, ...]:
+        return (self.values.numpy(), self.lut, self.first, self.inv_width, float(self.n_buckets))
+
+    def place(self, distances: Tensor) -> tuple[int, int]:
+        """``(below, equal)`` summed over ``distances`` (a few values: searchsorted)."""
+        values = self.values.to(distances.device)
+        left = torch.searchsorted(values, distances)
+        right = torch.searchsorted(values, distances, right=True)
+        return int(left.sum()), int((right - left).sum())
+
+
+def _positives(qg: QueryGallery, problem: Problem, fn: LabelComparisonFn | None) -> Tensor:
+    rows = torch.arange(qg.query.shape[0], device=qg.query.device)
+    pair_rows, pair_cols = _relevant_pairs(qg, problem, rows, RetrievalOptions.create(label_comparison_fn=fn))
+    return canonical_distances(problem, rows, pair_rows, pair_cols).to(qg.query.dtype)
+
+
+def _blocks(problem: Problem, chunk_size: int | None) -> Iterator[tuple[slice, slice, Tensor, bool]]:
+    """``(rows, cols, float64 inner products, mirrored)`` of every tile."""
+    n_rows, n_cols = problem.query64.shape[0], problem.gallery64.shape[0]
+    for rs, cs in _tiles(n_rows, n_cols, chunk_size, problem.symmetric):
+        mirrored = problem.symmetric and rs != cs
+        yield rs, cs, problem.query64[rs] @ problem.gallery64[cs].T, mirrored
+        advance((rs.stop - rs.start) * (cs.stop - cs.start) * (2 if mirrored else 1))
+
+
+def roc_auc_of_pairs(
+    qg: QueryGallery, distance: str, label_comparison_fn: LabelComparisonFn | None, chunk_size: int | None
+) -> Tensor:
+    """``roc_auc`` (float64, 0-dim) of a checked problem; NaN with a warning without positive or negative pairs."""
+    device = qg.query.device
+    problem = make_problem(qg.query, qg.gallery, distance, qg.exclusions(), qg.same_set)
+    n_query, n_gallery = qg.query.shape[0], qg.gallery.shape[0]
+    positive_distances = _positives(qg, problem, label_comparison_fn)
+    n_positive = positive_distances.numel()
+    n_negative = int(qg.exclusions().count_eligible(n_query, n_gallery, device).sum()) - n_positive
+    if n_positive == 0 or n_negative == 0:
+        reason = "no positive pair (no query has a relevant item)" if n_positive == 0 else "no negative pair"
+        warnings.warn(f"roc_auc is NaN: there is {reason}.", UserWarning, stacklevel=4)
+        return torch.full((), math.nan, dtype=torch.float64, device=device)
+    positives = _Positives(positive_distances)
+    ids = None if label_comparison_fn is not None else _dense_label_ids(qg.query_labels, qg.gallery_labels)
+    compiled = ids is not None and qg.query.dtype == torch.float32 and plan.use_compiled(device, n_query, n_gallery)
+    own = problem.exclusions.self_index
+    own = own if own is not None else torch.full((n_query,), -1, dtype=torch.long, device=device)
+    others = problem.exclusions._replace(self_index=None)
+    below = equal = 0
+    with section("pairs, ROC AUC", n_query * n_gallery):
+        for rs, cs, dots, mirrored in _blocks(problem, chunk_size):
+            mask = others.eligible(rs, cs, (dots.shape[0], dots.shape[1]), device)
+            if compiled:
+                assert ids is not None
+                found = _compiled_block(problem, rs, cs, dots, mask, own, ids, positives)
+            else:
+                found = _torch_block(qg, problem, rs, cs, mask, own, ids, label_comparison_fn, positives)
+            weight = 2 if mirrored else 1
+            below, equal = below + weight * found[0], equal + weight * found[1]
+    area = (below + 0.5 * equal) / (n_positive * n_negative)  # Python ints: exact up to the one division
+    return torch.tensor(area, dtype=torch.float64, device=device)
+
+
+def _compiled_block(
+    problem: Problem,
+    rs: slice,
+    cs: slice,
+    dots: Tensor,
+    mask: Tensor | None,
+    own: Tensor,
+    ids: tuple[Tensor, Tensor],
+    positives: _Positives,
+) -> tuple[int, int]:
+    from torchmetrics_retrieval.functional._search.compiled.buffer import kernel_threads
+
+    kernels = importlib.import_module("torchmetrics_retrieval.functional._search.compiled.auc_kernels")
+    kernel_threads()
+    q_sq, g_sq = problem.query_sq64[rs], problem.gallery_sq64[cs]
+    args = (
+        dots.numpy(), q_sq.numpy(), g_sq.numpy(), ieee_sqrt(q_sq).numpy(), ieee_sqrt(g_sq).numpy(),
+        _MODES[problem.distance], 1.01 * problem.query64.shape[1] * 2.0**-53, cs.start, own[rs].numpy(),
+        np.ones((1, 1), dtype=np.bool_) if mask is None else mask.numpy(), mask is not None,
+        ids[0][rs].numpy(), ids[1][cs].numpy(),
+    )  # fmt: skip
+    out = np.zeros((dots.shape[0], 3), dtype=np.int64)
+    kernels.count_block(*args, positives.table(), out)
+    below, equal, undecided = (int(v) for v in out.sum(axis=0))
+    if undecided:
+        rows, cols = (torch.from_numpy(a) for a in kernels.list_undecided(*args))
+        block_rows = torch.arange(rs.start, rs.stop)
+        exact = canonical_distances(problem, block_rows, rows, cols + cs.start).to(problem.query.dtype)
+        more = positives.place(exact)
+        below, equal = below + more[0], equal + more[1]
+    return below, equal
+
+
+def _torch_block(
+    qg: QueryGallery,
+    problem: Problem,
+    rs: slice,
+    cs: slice,
+    mask: Tensor | None,
+    own: Tensor,
+    ids: tuple[Tensor, Tensor] | None,
+    label_comparison_fn: LabelComparisonFn | None,
+    positives: _Positives,
+) -> tuple[int, int]:
+    """Any device, dtype or label rule: every negative pair of the block gets its canonical distance."""
+    if ids is not None:
+        negative = ids[0][rs, None] != ids[1][None, cs]
+    else:
+        negative = ~_label_match_compute(qg.query_labels[rs], qg.gallery_labels[cs], label_comparison_fn)
+    if mask is not None:
+        negative &= mask
+    hit = torch.nonzero((own[rs] >= cs.start) & (own[rs] < cs.stop)).flatten()
+    negative[hit, own[rs][hit] - cs.start] = False
+    rows, cols = torch.nonzero(negative, as_tuple=True)
+    block_rows = torch.arange(rs.start, rs.stop, device=rows.device)
+    exact = canonical_distances(problem, block_rows, rows, cols + cs.start).to(problem.query.dtype)
+    return positives.place(exact)

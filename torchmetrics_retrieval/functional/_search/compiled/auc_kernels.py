@@ -1,0 +1,103 @@
+"""The numba kernel of the exact ROC AUC pass (``functional._pair_auc``), compiled on first use and cached on disk,
+parallel over rows on the threads ``buffer.kernel_threads`` sets.
+
+A block holds float64 inner products from one matrix product. Each entry's distance is computed from them by the
+canonical formula with a rigorous error bound ``err`` (both the block's and the canonical products are within
+``e_dot = dot_bound * |q| |g|`` of the exact value, so of each other within twice that); the two ends of that
+bracket are rounded to float32. Where they round alike the float32 canonical distance is known without computing
+it; elsewhere (about one pair in ten million, and near-duplicates under L2) the pair is left to the caller.
+A known negative distance ``c`` is then placed among the sorted positive distances with a lookup table
+(``lut[b]``: the first positive in bucket ``b`` or later) and a short walk: it adds the positives strictly below it
+and those equal to it. Modes: 0 ``dot``, 1 ``cosine``, 2 ``sqeuclidean``, 3 ``euclidean``.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import prange
+
+pjit = numba.njit(cache=True, nogil=True, parallel=True)
+inline = numba.njit(cache=True, nogil=True, inline="always")
+
+_U = 2.0**-53  # float64 unit roundoff
+
+
+@inline
+def _bracket(dot, q_sq, g_sq, q_norm, g_norm, mode, dot_bound):
+    """``(low, high, known)``: the float32 roundings of the ends of the distance's bracket."""
+    e_dot = 2.0 * dot_bound * q_norm * g_norm
+    if mode == 0:
+        return np.float32(-dot - e_dot), np.float32(-dot + e_dot), True
+    if mode == 1:
+        norm = np.sqrt(q_sq * g_sq)
+        slack = 8.0 * _U  # the division and the square root of the canonical formula
+        return np.float32(1.0 - (dot + e_dot) / norm - slack), np.float32(1.0 - (dot - e_dot) / norm + slack), True
+    scale = q_sq + g_sq
+    squared = scale - 2.0 * dot
+    if squared < scale * 2.0**-9:  # cancellation: the canonical value takes the direct sum there
+        return np.float32(0.0), np.float32(0.0), False
+    e_sq = 2.0 * e_dot + 8.0 * _U * scale
+    low, high = max(squared - e_sq, 0.0), squared + e_sq
+    if mode == 3:
+        low, high = np.sqrt(low) * (1.0 - 2.0 * _U), np.sqrt(high) * (1.0 + 2.0 * _U)
+    return np.float32(low), np.float32(high), True
+
+
+@inline
+def _place(c, positives, lut, first, inv_width, n_buckets):
+    """``(below, equal)``: the positives strictly below ``c`` and those equal to it."""
+    n = positives.size
+    if c < positives[0]:
+        return 0, 0
+    if c > positives[n - 1]:
+        return n, 0
+    b = np.int64(min((np.float64(c) - first) * inv_width, n_buckets - 1.0))
+    k = lut[b]
+    while positives[k] < c:
+        k += 1
+    e = k
+    while e < n and positives[e] == c:
+        e += 1
+    return k, e - k
+
+
+@pjit
+def count_block(
+    dots, q_sq, g_sq, q_norm, g_norm, mode, dot_bound, col0, own, mask, has_mask, row_ids, col_ids, table, out
+):
+    """Per row of the block: ``out[i] = (positives below, positives equal, undecided negatives)`` summed over the
+    row's eligible negative pairs (``table``: ``(positives, lut, first, inv_width, n_buckets)``)."""
+    positives, lut, first, inv_width, n_buckets = table
+    for i in prange(dots.shape[0]):
+        below = 0
+        equal = 0
+        undecided = 0
+        for j in range(dots.shape[1]):
+            if row_ids[i] == col_ids[j] or own[i] == col0 + j or (has_mask and not mask[i, j]):
+                continue
+            low, high, known = _bracket(dots[i, j], q_sq[i], g_sq[j], q_norm[i], g_norm[j], mode, dot_bound)
+            if not known or low != high:
+                undecided += 1
+                continue
+            k, e = _place(low, positives, lut, first, inv_width, n_buckets)
+            below += k
+            equal += e
+        out[i, 0] = below
+        out[i, 1] = equal
+        out[i, 2] = undecided
+
+
+@numba.njit(cache=True, nogil=True)
+def list_undecided(dots, q_sq, g_sq, q_norm, g_norm, mode, dot_bound, col0, own, mask, has_mask, row_ids, col_ids):
+    """``(rows, cols)`` within the block of the negatives :func:`count_block` left undecided (few: serial)."""
+    rows, cols = [], []
+    for i in range(dots.shape[0]):
+        for j in range(dots.shape[1]):
+            if row_ids[i] == col_ids[j] or own[i] == col0 + j or (has_mask and not mask[i, j]):
+                continue
+            low, high, known = _bracket(dots[i, j], q_sq[i], g_sq[j], q_norm[i], g_norm[j], mode, dot_bound)
+            if not known or low != high:
+                rows.append(i)
+                cols.append(j)
+    return np.array(rows, dtype=np.int64), np.array(cols, dtype=np.int64)
