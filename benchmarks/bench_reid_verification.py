@@ -1,7 +1,8 @@
 """Face/speaker verification and re-identification metrics against bare faiss, at one thread and at all cores.
 
 * ``eer`` + ``min_dcf`` over every ordered pair (with three fmr values, sharing the passes) against one bare faiss
-  kNN search (K = 21) on the same data, and the peak RSS above the embeddings;
+  kNN search (K = 21) on the same data, and the peak RSS above the embeddings; then the same with ``roc_auc``
+  (its own pass of float64 blocks);
 * ``camera_ids`` against the same call with ``sequence_ids`` (the same number of distinct ids, so both exclude
   about as many items), full MAP and mINP included.
 
@@ -9,7 +10,7 @@ Data: seeded clustered embeddings (``_common.py``), D = 128, 20 samples per clas
 Usage::
 
     python benchmarks/bench_reid_verification.py                 # N = 20000
-    python benchmarks/bench_reid_verification.py --n 100000 --threads 2
+    python benchmarks/bench_reid_verification.py --n 100000 --threads 2 --rates-only
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=20_000)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, os.cpu_count() or 1])
+    parser.add_argument("--rates-only", action="store_true", help="skip the camera_ids rows")
     args = parser.parse_args()
     x, labels = clustered_embeddings(args.n, "per_class20")
     g = torch.Generator().manual_seed(1)
@@ -51,7 +53,7 @@ def main() -> None:
     sequences = torch.randint(0, int(torch.unique(labels * 6 + cameras).numel()), (args.n,), generator=g)
     load = " ".join(open("/proc/loadavg").read().split()[:3])
     print(f"{time.strftime('%Y-%m-%d %H:%M')}, N = {args.n}, {os.cpu_count()} CPUs, load average {load}")
-    fnmr_at_fmr(x[:2000], labels[:2000], eer=True)  # warm-up: every compiled kernel loaded (or compiled once)
+    fnmr_at_fmr(x[:2000], labels[:2000], eer=True, roc_auc=True)  # warm-up: every compiled kernel loaded
     retrieval_metrics(x[:3000], labels[:3000], sequence_ids=sequences[:3000], **OPTIONS)
     retrieval_metrics(x[:3000], labels[:3000], camera_ids=cameras[:3000], **OPTIONS)
     for threads in args.threads:
@@ -67,11 +69,18 @@ def main() -> None:
         rates_s, rates_mib = timed(
             lambda: fnmr_at_fmr(x, labels, fmr_vals=(1e-3, 1e-2, 1e-1), eer=True, min_dcf_p_target=(0.01, 0.05))
         )
-        seq_s, _ = timed(lambda: retrieval_metrics(x, labels, sequence_ids=sequences, **OPTIONS))
-        cam_s, _ = timed(lambda: retrieval_metrics(x, labels, camera_ids=cameras, **OPTIONS))
+        auc_s, auc_mib = timed(
+            lambda: fnmr_at_fmr(x, labels, fmr_vals=(), eer=True, min_dcf_p_target=(0.01, 0.05), roc_auc=True)
+        )
         print(f"{threads} thread(s): faiss K=21 {faiss_s:.2f} s")
         print(f"  eer + min_dcf (2 targets) + fnmr@fmr (3): {rates_s:.2f} s = {rates_s / faiss_s:.2f}x faiss, "
               f"peak {rates_mib:.0f} MiB above the data")  # fmt: skip
+        print(f"  eer + min_dcf (2 targets) + roc_auc: {auc_s:.2f} s = {auc_s / faiss_s:.2f}x faiss, "
+              f"peak {auc_mib:.0f} MiB above the data")  # fmt: skip
+        if args.rates_only:
+            continue
+        seq_s, _ = timed(lambda: retrieval_metrics(x, labels, sequence_ids=sequences, **OPTIONS))
+        cam_s, _ = timed(lambda: retrieval_metrics(x, labels, camera_ids=cameras, **OPTIONS))
         print(f"  retrieval_metrics with map, minp, map@r: sequence_ids {seq_s:.2f} s, camera_ids {cam_s:.2f} s: "
               f"camera_ids costs {100 * (cam_s / seq_s - 1):+.1f}%")  # fmt: skip
 

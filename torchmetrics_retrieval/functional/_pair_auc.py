@@ -40,8 +40,11 @@ from torchmetrics_retrieval.functional.relevance import LabelComparisonFn, _labe
 __all__ = ["roc_auc_of_pairs"]
 
 _MODES = {"dot": 0, "cosine": 1, "sqeuclidean": 2, "euclidean": 3}
-#: Lookup-table buckets per positive distance (the walk after the table then reads about one positive).
-_LUT_PER_POSITIVE = 2
+#: Lookup-table buckets per positive distance, and at most ``_LUT_ENTRIES`` (64 MiB of int32): every negative pair
+#: reads the table at a random place, so this trades cache misses against the walk after the table (measured:
+#: 8.6, 6.4 and 8.2 ns per pair with 2, 8 and 32 buckets per positive, 400k positives).
+_BUCKETS_PER_POSITIVE = 8
+_LUT_ENTRIES = 2**24
 
 
 def _tiles(n_rows: int, n_cols: int, chunk_size: int | None, symmetric: bool) -> list[tuple[slice, slice]]:
@@ -66,13 +69,13 @@ class _Positives:
     def __init__(self, values: Tensor) -> None:
         self.values = torch.sort(values.cpu()).values
         n = self.values.numel()
-        self.n_buckets = max(1, _LUT_PER_POSITIVE * n)
+        self.n_buckets = max(1, min(_BUCKETS_PER_POSITIVE * n, _LUT_ENTRIES))
         first, last = float(self.values[0]), float(self.values[-1])
         self.first = first
         self.inv_width = self.n_buckets / (last - first) if last > first else 0.0
         buckets = np.minimum((self.values.double().numpy() - first) * self.inv_width, self.n_buckets - 1.0)
         # lut[b]: the first positive whose bucket (computed as the kernel computes it) is b or later
-        self.lut = np.searchsorted(buckets.astype(np.int64), np.arange(self.n_buckets), side="left").astype(np.int64)
+        self.lut = np.searchsorted(buckets.astype(np.int64), np.arange(self.n_buckets), side="left").astype(np.int32)
 
     def table(self) -> tuple[Any, ...]:
         return (self.values.numpy(), self.lut, self.first, self.inv_width, float(self.n_buckets))
