@@ -56,7 +56,7 @@ def _data() -> dict[str, Tensor]:
 #: per class: the factory and which data fields go to update() under which name
 CLASSES: dict[str, tuple[Factory, dict[str, str]]] = {
     "fnmr": (
-        lambda: FNMRAtFMR(fmr_vals=FMRS, eer=True, min_dcf_p_target=(0.05, 0.5)),
+        lambda: FNMRAtFMR(fmr_vals=FMRS, eer=True, min_dcf_p_target=(0.05, 0.5), roc_auc=True),
         {"embeddings": "embeddings", "labels": "labels", "is_query": "is_query", "sequence_ids": "sequence_ids"},
     ),
     "pcf": (lambda: PCF(pcf_variance=FRACTIONS), {"features": "embeddings"}),
@@ -135,6 +135,7 @@ def single_process() -> dict[str, Any]:
             fmr_vals=FMRS,
             eer=True,
             min_dcf_p_target=(0.05, 0.5),
+            roc_auc=True,
         ),
         "pcf": {f"pcf/{r}": values[i] for i, r in enumerate(FRACTIONS)},
         "contrastive": contrastive_accuracy(data["z1"], data["z2"], top_k=TOP_K),

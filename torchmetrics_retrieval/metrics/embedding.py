@@ -8,7 +8,7 @@ from typing import Any, Literal, cast
 import torch
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._checks import check_positive_int, describe
+from torchmetrics_retrieval.functional._checks import check_choice, check_positive_int, describe
 from torchmetrics_retrieval.functional._options import option_fields
 from torchmetrics_retrieval.functional.reduction import _apply_empty_target_action_compute
 from torchmetrics_retrieval.functional.retrieval import RetrievalOptions, RetrievalResult, evaluate
@@ -47,6 +47,15 @@ class EmbeddingMetrics(SampleAccumulator):
         storage_dtype: dtype the embeddings are stored in (e.g. ``torch.float16`` halves the memory);
             ``compute`` upcasts half precision to float32. None: the dtype of the first batch.
         prefix: string put before every key of the result (e.g. ``"val/"``).
+        distributed: under DDP, ``"gather"`` (default): every process gathers every sample and computes
+            everything; ``"shard"``: each process keeps its own samples and the searches move the queries between
+            processes, so every process holds 1/P of the embeddings and searches 1/P of the gallery (for a
+            gallery too large for one process; on 2-3 CPU processes it is slower than gathering, whose one
+            search of the whole set computes each distance once for both directions). Both give identical
+            values. Sharding covers the metrics computed from each query's top K (the cutoff metrics,
+            MAP@R, R-precision, ``dir@fpir``, with categories, per-class keys and intervals); with ``mrr``,
+            ``map_full``, ``minp``, a pair metric, ``pcf_variance`` or ``clustering`` the samples are gathered.
+            One process: no difference.
         kwargs: the retrieval options, the fields of
             :class:`~torchmetrics_retrieval.functional.RetrievalOptions` (defaults and checks there):
             cutoffs ``cmc_top_k``, ``precision_top_k``, ``map_top_k``, ``recall_top_k``, ``ndcg_top_k``;
@@ -91,15 +100,24 @@ class EmbeddingMetrics(SampleAccumulator):
     embeddings: list[Tensor]
     labels: list[Tensor]
 
-    def __init__(self, *, prefix: str = "", storage_dtype: torch.dtype | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        prefix: str = "",
+        storage_dtype: torch.dtype | None = None,
+        distributed: Literal["shard", "gather"] = "gather",
+        **kwargs: Any,
+    ) -> None:
         options = RetrievalOptions.create(**{name: kwargs.pop(name) for name in _OPTION_NAMES & kwargs.keys()})
         if not isinstance(prefix, str):
             raise TypeError(f"`prefix` must be a str, got {describe(prefix)}.")
+        check_choice("distributed", distributed, ("shard", "gather"))
         storage = _check_storage_dtype(storage_dtype)
         super().__init__(**kwargs)  # torchmetrics' own options; it refuses any other keyword
         self.options = options
         self.storage_dtype = storage
         self.prefix = prefix
+        self.distributed = distributed
         self._per_query: RetrievalResult | None = None
         self._sample_indexes: Tensor | None = None
 
@@ -155,6 +173,37 @@ class EmbeddingMetrics(SampleAccumulator):
         if embeddings is not None and dtype is not None:
             batch["embeddings"] = embeddings.to(dtype)
         return batch
+
+    # ---- sharded mode -------------------------------------------------------------------------------------------
+
+    def _sharding(self) -> bool:
+        """Whether ``compute`` runs sharded: several processes, ``distributed="shard"``, syncing on compute, and
+        only metrics computed from each query's top K (see ``metrics._shard``)."""
+        from torchmetrics_retrieval.metrics._shard import shardable
+
+        group = self.process_group
+        return (
+            self.distributed == "shard"
+            and self._to_sync
+            and torch.distributed.is_available()
+            and torch.distributed.is_initialized()
+            and torch.distributed.get_world_size(group) > 1
+            and shardable(self.options)
+        )
+
+    def sync(self, *args: Any, **kwargs: Any) -> None:
+        """torchmetrics' gather of the states, skipped in sharded mode (each process keeps its own samples)."""
+        if not self._sharding():
+            super().sync(*args, **kwargs)
+
+    def compute(self) -> dict[str, Tensor]:
+        """The metrics of every sample of every process (sharded or gathered, identical values)."""
+        if not self._sharding():
+            return cast(dict[str, Tensor], super().compute())
+        from torchmetrics_retrieval.metrics._shard import sharded_compute
+
+        metrics, self._per_query, self._sample_indexes = sharded_compute(self, self.process_group)
+        return {f"{self.prefix}{key}": value for key, value in metrics.items()}
 
     def _compute_samples(self, fields: dict[str, Tensor | None], indexes: Tensor | None) -> dict[str, Tensor]:
         embeddings = upcast_half(cast(Tensor, fields.pop("embeddings")))  # never None: _collect raises first

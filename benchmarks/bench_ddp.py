@@ -1,0 +1,90 @@
+"""``EmbeddingMetrics.compute()`` on 1, 2 and 3 gloo processes (one thread each), sharded and gathered.
+
+Each rank holds a DistributedSampler-like stride of the samples (``indexes`` given) and calls ``compute()``; the
+time is the slowest rank's, the memory each rank's peak RSS above its RSS before ``compute()`` (the embeddings it
+already held are below that line). One process with one thread is the reference; the values of every run are
+checked identical to it. Usage::
+
+    python benchmarks/bench_ddp.py --n 20000 60000
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from _common import clustered_embeddings, memory_mib, reset_peak_memory
+
+from torchmetrics_retrieval import EmbeddingMetrics
+
+OPTIONS: dict[str, Any] = {"cmc_top_k": (1, 5, 10), "precision_top_k": (5,), "map_top_k": (10,), "map_at_r": True}
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank(rank: int, world: int, port: int, n: int, mode: str, out: str) -> None:
+    torch.set_num_threads(1)
+    x, labels = clustered_embeddings(n, "per_class20")
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    metric = EmbeddingMetrics(**OPTIONS, distributed=mode)
+    rows = torch.arange(rank, n, world)
+    metric.update(x[rows], labels[rows], indexes=rows)
+    del x, labels
+    if world > 1:
+        dist.barrier()
+    can_reset = reset_peak_memory()
+    base, _ = memory_mib()
+    start = time.perf_counter()
+    values = metric.compute()
+    seconds = time.perf_counter() - start
+    _, peak = memory_mib()
+    torch.save((seconds, peak - base if can_reset else float("nan"), values), Path(out) / f"{rank}.pt")
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def run(n: int, world: int, mode: str) -> tuple[float, float, dict[str, torch.Tensor]]:
+    """(slowest rank's seconds, largest rank's peak MiB above its RSS before compute, values of rank 0)."""
+    with tempfile.TemporaryDirectory() as out:
+        mp.spawn(_rank, args=(world, _port(), n, mode, out), nprocs=world, join=True)
+        results = [torch.load(Path(out) / f"{r}.pt", weights_only=False) for r in range(world)]
+    assert all(result[2] == results[0][2] for result in results)
+    return max(r[0] for r in results), max(r[1] for r in results), results[0][2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, nargs="+", default=[20_000, 60_000])
+    args = parser.parse_args()
+    load = " ".join(open("/proc/loadavg").read().split()[:3])
+    print(
+        f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, load average {load}, D = 128, one thread per rank"
+    )
+    for n in args.n:
+        one_s, one_mib, reference = run(n, 1, "shard")
+        print(f"N = {n}: 1 process {one_s:.2f} s, peak {one_mib:.0f} MiB")
+        for world in (2, 3):
+            for mode in ("shard", "gather"):
+                seconds, mib, values = run(n, world, mode)
+                same = values.keys() == reference.keys() and all(torch.equal(values[k], reference[k]) for k in values)
+                print(
+                    f"  {world} ranks, {mode}: {seconds:.2f} s = {one_s / seconds:.2f}x faster than 1 process, "
+                    f"peak per rank {mib:.0f} MiB ({mib / max(one_mib, 1):.2f}x of 1 process), identical: {same}"
+                )
+
+
+if __name__ == "__main__":
+    main()
