@@ -126,10 +126,45 @@ def _merge(distances: Tensor, items: Tensor, valid: Tensor, k: int) -> tuple[Ten
     return torch.gather(distances, 1, order), torch.gather(items, 1, order), torch.gather(valid, 1, order)
 
 
+def _top_k(
+    qg: QueryGallery, local: Tensor, owner: Tensor, row: Tensor, options: RetrievalOptions, k: int, group: Any
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(query rows, distances, gallery rows, valid)``: the exact top ``k`` of this rank's queries (rows of
+    ``qg``), from rounds in which every rank's next block of queries visits every rank's gallery shard."""
+    rank, device = dist.get_rank(group), local.device
+    my_queries = torch.nonzero(owner[qg.query_positions] == rank).flatten()
+    my_gallery = torch.nonzero(owner[qg.gallery_positions] == rank).flatten()
+    shard = _restrict_gallery(qg, my_gallery, local[row[qg.gallery_positions[my_gallery]]])
+    shard_k = min(k, my_gallery.numel())
+    rounds = torch.tensor([math.ceil(my_queries.numel() / QUERY_BLOCK)], device=device)
+    dist.all_reduce(rounds, op=dist.ReduceOp.MAX, group=group)
+    parts: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
+    for b in range(int(rounds)):
+        rows = my_queries[b * QUERY_BLOCK : (b + 1) * QUERY_BLOCK]
+        visiting_rows = _gather(rows, group)
+        visiting = torch.cat(_gather(local[row[qg.query_positions[rows]]], group))
+        n_visiting = visiting.shape[0]
+        found_d = torch.full((n_visiting, k), math.inf, dtype=local.dtype, device=device)
+        found_i = torch.zeros((n_visiting, k), dtype=torch.long, device=device)
+        found_v = torch.zeros((n_visiting, k), dtype=torch.bool, device=device)
+        if n_visiting and shard_k:
+            problem = shard.take(torch.cat(visiting_rows))._replace(query=visiting)
+            found = _search(problem, options, shard_k, exact_distances=True)(torch.arange(n_visiting, device=device))
+            width = found.indices.shape[1]
+            found_d[:, :width], found_v[:, :width] = found.distances, found.valid
+            found_i[:, :width] = my_gallery[found.indices]
+        start = sum(r.numel() for r in visiting_rows[:rank])
+        mine = slice(start, start + rows.numel())
+        # every rank's candidates for every visiting query; this rank keeps those of its own block
+        d, i, v = (torch.cat([part[mine] for part in _gather(t, group)], dim=1) for t in (found_d, found_i, found_v))
+        parts.append((rows, *_merge(d, i, v, k)))
+    rows, distances, items, valid = (torch.cat(column) for column in zip(*parts, strict=True))
+    return rows, distances, items, valid
+
+
 def sharded_compute(metric: Any, group: Any) -> tuple[dict[str, Tensor], RetrievalResult, Tensor | None]:
     """``(metrics, per-query result, sample indexes)`` of an ``EmbeddingMetrics`` whose ranks keep their samples."""
     options: RetrievalOptions = metric.options
-    rank = dist.get_rank(group)
     local, small, owner, row, indexes = _global_rows(metric, group)
     _check_rows(local, options.distance, group)
     if options.normalize:  # row by row: the same values as normalising the gathered set
@@ -150,33 +185,7 @@ def sharded_compute(metric: Any, group: Any) -> tuple[dict[str, Tensor], Retriev
     if options.map_at_r or options.r_precision:
         k = max(k, int(n_relevant.max()))
     k = min(k, n_gallery)
-    my_queries = torch.nonzero(owner[qg.query_positions] == rank).flatten()
-    my_gallery = torch.nonzero(owner[qg.gallery_positions] == rank).flatten()
-    shard = _restrict_gallery(qg, my_gallery, local[row[qg.gallery_positions[my_gallery]]])
-    rounds = torch.tensor([math.ceil(my_queries.numel() / QUERY_BLOCK)], device=device)
-    dist.all_reduce(rounds, op=dist.ReduceOp.MAX, group=group)
-    parts: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
-    for b in range(int(rounds)):
-        rows = my_queries[b * QUERY_BLOCK : (b + 1) * QUERY_BLOCK]
-        visiting_rows = _gather(rows, group)
-        visiting = torch.cat(_gather(local[row[qg.query_positions[rows]]], group))
-        all_rows = torch.cat(visiting_rows)
-        shard_k = min(k, my_gallery.numel())
-        found_d = torch.full((all_rows.numel(), k), math.inf, dtype=local.dtype, device=device)
-        found_i = torch.zeros((all_rows.numel(), k), dtype=torch.long, device=device)
-        found_v = torch.zeros((all_rows.numel(), k), dtype=torch.bool, device=device)
-        if all_rows.numel() and shard_k:
-            problem = shard.take(all_rows)._replace(query=visiting)
-            found = _search(problem, options, shard_k, exact_distances=True)(torch.arange(all_rows.numel()))
-            width = found.indices.shape[1]
-            found_d[:, :width], found_v[:, :width] = found.distances, found.valid
-            found_i[:, :width] = my_gallery[found.indices]
-        start = sum(r.numel() for r in visiting_rows[:rank])
-        mine = slice(start, start + rows.numel())
-        # every rank's candidates for every visiting query; this rank keeps those of its own block
-        d, i, v = (torch.cat([part[mine] for part in _gather(t, group)], dim=1) for t in (found_d, found_i, found_v))
-        parts.append((rows, *_merge(d, i, v, k)))
-    rows, distances, items, valid = (torch.cat(column) for column in zip(*parts, strict=True))
+    rows, distances, items, valid = _top_k(qg, local, owner, row, options, k, group)
     hits = _relevance_matrix_compute(
         qg.query_labels[rows], qg.gallery_labels, items.clamp(max=n_gallery - 1), valid, options.label_comparison_fn
     )
