@@ -241,10 +241,25 @@ def test_dtypes_and_shapes() -> None:
     a = torch.tensor([0.1, 0.4, 0.3, 0.8])
     result = compare_models(a, a.flip(0))
     assert set(result) == set(KEYS)
-    assert all(value.shape == () and value.dtype == torch.float32 for value in result.values())
+    assert all(value.shape == () for value in result.values())
+    assert all(value.dtype == (torch.float64 if key == "p_value" else torch.float32) for key, value in result.items())
     mixed = compare_models(a, a.double() + 0.1)
     assert all(value.dtype == torch.float64 for value in mixed.values())
     assert F.compare_models is compare_models
+
+
+def test_tiny_p_values_of_float32_inputs_do_not_underflow() -> None:
+    """Thousands of float32 per-query values with a clear difference: scipy's p-value is far below float32's
+    smallest positive number; ours is float64 and agrees with it."""
+    from scipy.stats import ttest_rel
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(3000, generator=g)
+    b = a + 0.0031 + 0.01 * torch.randn(3000, generator=g)  # t about 17: p about 1e-62
+    expected = ttest_rel(b.double().numpy(), a.double().numpy()).pvalue
+    assert 0 < expected < 1e-50  # below float32's smallest positive number
+    found = compare_models(a, b)["p_value"]
+    assert found.dtype == torch.float64 and float(found) == pytest.approx(expected, rel=1e-6)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
