@@ -5,7 +5,6 @@ intervals, and all queries on one rank; bad rows on one rank raise on every rank
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -15,20 +14,16 @@ from torch import Tensor
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from tests.metrics._distributed import run_distributed
-from tests.metrics._helpers import make_data
+from tests.metrics._helpers import ALL_RANKING, make_data
+from tests.metrics.test_embedding_ddp import _outcome
 from torchmetrics_retrieval.functional import retrieval_metrics
 from torchmetrics_retrieval.metrics import EmbeddingMetrics
 
 N = 29  # not a multiple of 2 or 3: DistributedSampler pads with duplicates
 FIELDS = ("is_query", "sequence_ids", "categories", "camera_ids")
+FULL_RANKING = ("mrr", "map_full", "minp")  # not sharded yet: they would make compute() gather
 SHARDED: dict[str, Any] = {
-    "cmc_top_k": (1, 3),
-    "precision_top_k": (2, 5),
-    "map_top_k": (3,),
-    "recall_top_k": (2,),
-    "ndcg_top_k": (4,),
-    "map_at_r": True,
-    "r_precision": True,
+    **{name: value for name, value in ALL_RANKING.items() if name not in FULL_RANKING},
     "fpir_vals": (0.5,),
     "per_class": True,
     "confidence_level": 0.9,
@@ -44,17 +39,6 @@ def _data(queries_on_rank0: int = 0) -> dict[str, Tensor]:
     if queries_on_rank0:  # only the first rows (rank 0's shard) are queries
         picked["is_query"] = torch.arange(N) < queries_on_rank0
     return picked
-
-
-def _outcome(metric: EmbeddingMetrics) -> dict[str, Any]:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a rank without update() gets torchmetrics' warning
-            values = metric.compute()
-    except ValueError as err:
-        return {"error": str(err)}
-    assert metric.per_query is not None
-    return {"values": values, "indices": metric.per_query.indices, "sample_indexes": metric.sample_indexes}
 
 
 def _by_sampler(rank: int, world_size: int, data: dict[str, Tensor], **kwargs: Any) -> EmbeddingMetrics:
