@@ -61,8 +61,7 @@ class _Thresholds:
         device, dtype = rows.device, problem.query.dtype
         distances = canonical_distances(problem, rows, pair_rows, pair_cols).to(dtype)
         # per row, by (distance, position): the pairs come row-major with positions increasing in a row
-        order = torch.argsort(distances, stable=True)
-        order = order[torch.argsort(pair_rows[order], stable=True)]
+        order = _row_major_order(pair_rows, distances)
         pair_rows, pair_cols, distances = pair_rows[order], pair_cols[order], distances[order]
         per_row = torch.bincount(pair_rows, minlength=rows.numel())
         starts = torch.cumsum(per_row, 0) - per_row
@@ -94,6 +93,17 @@ class _Thresholds:
             d, p = distances[part, None], positions[part, None]
             counts[part] = ((t_dist < d) | ((t_dist == d) & (t_pos <= p))).sum(dim=1)
         return counts
+
+
+def _row_major_order(pair_rows: Tensor, distances: Tensor) -> Tensor:
+    """The stable order of the pairs by (row, distance). For float32 distances one sort of a 64-bit key (the
+    row, then the distance's bits made monotone), else two stable sorts."""
+    if distances.dtype != torch.float32:
+        order = torch.argsort(distances, stable=True)
+        return order[torch.argsort(pair_rows[order], stable=True)]
+    bits = distances.view(torch.int32).to(torch.int64)
+    monotone = torch.where(bits >= 0, bits, -(bits & 0x7FFFFFFF)) + 2**31  # -0.0 and +0.0 alike, like the values
+    return torch.argsort(pair_rows * 2**32 + monotone, stable=True)
 
 
 def _key_brackets(

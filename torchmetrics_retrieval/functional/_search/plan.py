@@ -41,7 +41,7 @@ SYMMETRIC_KEY_TILE = 1024
 #: the row is scanned again to list them all).
 LUT_BUCKETS_PER_THRESHOLD = 8
 LUT_BYTES = 64 * 2**20
-AMBIGUOUS_PER_ROW = 32
+AMBIGUOUS_PER_ROW = 128
 
 # ---- stage 1: candidates by float32 keys ---------------------------------------------------------------------------
 #: Stage-1 candidates per query: ``K + min(MAX_MARGIN, max(MIN_MARGIN, K // MARGIN_DIVISOR))``. A thin margin
