@@ -45,23 +45,27 @@ def _outcome(metric: EmbeddingMetrics) -> dict[str, Any]:
     return {"values": values, "indices": metric.per_query.indices, "sample_indexes": metric.sample_indexes}
 
 
-def _by_sampler(rank: int, world_size: int, data: dict[str, Tensor], **kwargs: Any) -> EmbeddingMetrics:
+def _by_sampler(
+    rank: int, world_size: int, data: dict[str, Tensor], options: dict[str, Any] = OPTIONS, **kwargs: Any
+) -> EmbeddingMetrics:
     """DistributedSampler (shuffled, padded: drop_last=False) and a DataLoader, indexes given."""
     dataset = TensorDataset(torch.arange(N), *data.values())
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=3, drop_last=False)
-    metric = EmbeddingMetrics(**OPTIONS, **kwargs)
+    metric = EmbeddingMetrics(**{**options, **kwargs})
     for index, *fields in DataLoader(dataset, batch_size=4, sampler=sampler):
         metric.update(**dict(zip(data, fields, strict=True)), indexes=index)
     return metric
 
 
-def _by_shards(rank: int, sizes: list[int], data: dict[str, Tensor], *, indexes: bool) -> EmbeddingMetrics:
+def _by_shards(
+    rank: int, sizes: list[int], data: dict[str, Tensor], *, indexes: bool, options: dict[str, Any] = OPTIONS
+) -> EmbeddingMetrics:
     """Rank r holds rows [sum(sizes[:r]), sum(sizes[:r+1])); with indexes, in a shuffled order and odd batches."""
     start = sum(sizes[:rank])
     rows = torch.arange(start, start + sizes[rank])
     if indexes:
         rows = rows[torch.randperm(rows.numel(), generator=torch.Generator().manual_seed(rank))]
-    metric = EmbeddingMetrics(**OPTIONS)
+    metric = EmbeddingMetrics(**options)
     for batch in rows.split(5) if rows.numel() else [rows]:  # an empty shard makes one zero-row update
         metric.update(**{name: value[batch] for name, value in data.items()}, indexes=batch if indexes else None)
     return metric

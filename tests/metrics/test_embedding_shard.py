@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from tests.metrics._distributed import run_distributed
 from tests.metrics._helpers import ALL_RANKING, make_data
+from tests.metrics.test_embedding_ddp import _by_sampler as by_sampler
+from tests.metrics.test_embedding_ddp import _by_shards as by_shards
 from tests.metrics.test_embedding_ddp import _outcome
 from torchmetrics_retrieval.functional import retrieval_metrics
 from torchmetrics_retrieval.metrics import EmbeddingMetrics
@@ -42,23 +43,11 @@ def _data(queries_on_rank0: int = 0) -> dict[str, Tensor]:
 
 
 def _by_sampler(rank: int, world_size: int, data: dict[str, Tensor], **kwargs: Any) -> EmbeddingMetrics:
-    dataset = TensorDataset(torch.arange(N), *data.values())
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=3, drop_last=False)
-    metric = EmbeddingMetrics(**{"distributed": "shard", **SHARDED, **kwargs})
-    for index, *fields in DataLoader(dataset, batch_size=4, sampler=sampler):
-        metric.update(**dict(zip(data, fields, strict=True)), indexes=index)
-    return metric
+    return by_sampler(rank, world_size, data, {**SHARDED, "distributed": "shard"}, **kwargs)
 
 
 def _by_shards(rank: int, sizes: list[int], data: dict[str, Tensor], *, indexes: bool) -> EmbeddingMetrics:
-    start = sum(sizes[:rank])
-    rows = torch.arange(start, start + sizes[rank])
-    if indexes:
-        rows = rows[torch.randperm(rows.numel(), generator=torch.Generator().manual_seed(rank))]
-    metric = EmbeddingMetrics(**SHARDED, distributed="shard")
-    for batch in rows.split(5) if rows.numel() else [rows]:
-        metric.update(**{name: value[batch] for name, value in data.items()}, indexes=batch if indexes else None)
-    return metric
+    return by_shards(rank, sizes, data, indexes=indexes, options={**SHARDED, "distributed": "shard"})
 
 
 def _scenarios(rank: int, world_size: int) -> dict[str, Any]:

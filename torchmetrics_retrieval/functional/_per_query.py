@@ -223,6 +223,15 @@ def _full_ranking_values(qg: QueryGallery, options: RetrievalOptions, n_relevant
     return values
 
 
+def search_depth(options: RetrievalOptions, n_relevant: Tensor) -> int:
+    """The K of the one kNN search: the largest cutoff, at least 1, and n(q) for MAP@R and R-precision."""
+    cutoffs = options.cmc_top_k + options.precision_top_k + options.map_top_k + options.recall_top_k
+    k = max((*cutoffs, *options.ndcg_top_k, 1))
+    if options.map_at_r or options.r_precision:
+        k = max(k, int(n_relevant.max()))
+    return k
+
+
 def per_query(qg: QueryGallery, options: RetrievalOptions, keep_neighbours: bool) -> RetrievalResult:
     """Per-query values of a checked problem (what ``retrieval_per_query`` documents)."""
     n_relevant = _count_relevant_compute(
@@ -236,10 +245,7 @@ def per_query(qg: QueryGallery, options: RetrievalOptions, keep_neighbours: bool
     )
     n_query, device = qg.query.shape[0], qg.query.device
     n_candidates = qg.exclusions().count_eligible(n_query, qg.gallery.shape[0], device)  # |G(q)|
-    cutoffs = options.cmc_top_k + options.precision_top_k + options.map_top_k + options.recall_top_k
-    k = max((*cutoffs, *options.ndcg_top_k, 1))
-    if options.map_at_r or options.r_precision:
-        k = max(k, int(n_relevant.max()))
+    k = search_depth(options, n_relevant)
     # A leave-one-out search whose symmetric candidate buffer fits holds more than the table anyway, and one
     # symmetric pass computes each distance once, where query chunks would compute every one twice.
     one_pass = n_query * k * _NEIGHBOUR_BYTES <= NEIGHBOUR_TABLE_BYTES or (

@@ -23,7 +23,7 @@ from torch import Tensor
 from torchmetrics.utilities.distributed import gather_all_tensors
 
 from torchmetrics_retrieval.functional._options import RetrievalOptions
-from torchmetrics_retrieval.functional._per_query import RetrievalResult, _ranking_values, _search
+from torchmetrics_retrieval.functional._per_query import RetrievalResult, _ranking_values, _search, search_depth
 from torchmetrics_retrieval.functional._search.problem import make_problem
 from torchmetrics_retrieval.functional._search.types import Exclusions
 from torchmetrics_retrieval.functional._sets import QueryGallery, split_query_gallery
@@ -180,11 +180,7 @@ def sharded_compute(metric: Any, group: Any) -> tuple[dict[str, Tensor], Retriev
     )  # fmt: skip
     n_query, n_gallery, device = qg.query.shape[0], qg.gallery.shape[0], local.device
     n_candidates = qg.exclusions().count_eligible(n_query, n_gallery, device)
-    cutoffs = options.cmc_top_k + options.precision_top_k + options.map_top_k + options.recall_top_k
-    k = max((*cutoffs, *options.ndcg_top_k, 1))
-    if options.map_at_r or options.r_precision:
-        k = max(k, int(n_relevant.max()))
-    k = min(k, n_gallery)
+    k = min(search_depth(options, n_relevant), n_gallery)
     rows, distances, items, valid = _top_k(qg, local, owner, row, options, k, group)
     hits = _relevance_matrix_compute(
         qg.query_labels[rows], qg.gallery_labels, items.clamp(max=n_gallery - 1), valid, options.label_comparison_fn
