@@ -36,6 +36,7 @@ class Problem(NamedTuple):
     query_sq64: Tensor  # (Q,) canonical <q, q>
     gallery_sq64: Tensor  # (G,) canonical <g, g>
     symmetric: bool  # the set against itself with symmetric exclusions: each distance serves both sides
+    split: int | None = None  # bipartite: rows [0, split) are searched against the rest and the rest against them
 
     def stage_query(self, rows: Tensor) -> Tensor:
         """The float32 stage-1 rows of the queries ``rows`` (see :func:`stage_rows`)."""
@@ -53,8 +54,13 @@ def make_problem(
     exclusions: Exclusions,
     same_set: bool,
     names: tuple[str, str] = ("query", "gallery"),
+    split: int | None = None,
 ) -> Problem:
     """Prepare a problem from checked inputs (``same_set``: ``gallery`` is ``query``, searched against itself).
+
+    ``split`` (with ``same_set``) makes it *bipartite*: the rows before ``split`` and the rows from ``split`` on
+    are two sets, each searched against the other only (the ``sides`` rule excludes the same side), so that a
+    symmetric stage computes the rectangle between them once and serves both sets from it.
 
     The values that only the float64 norms reveal are checked here, where the norms are computed once:
     no row may be too large for float32 keys, nor all-zero with ``distance="cosine"``. ``names`` are the
@@ -74,11 +80,14 @@ def make_problem(
             )
         if distance == "cosine" and bool((sq == 0).any()):
             raise ValueError(f"`{name}` must have no all-zero row with distance='cosine', got {int((sq == 0).sum())}.")
+    if split is not None:
+        side = (torch.arange(query.shape[0], device=query.device) >= split).long()
+        exclusions = exclusions._replace(sides=(side, side))
     n_eligible = exclusions.count_eligible(query.shape[0], gallery.shape[0], query.device)
     own = exclusions.self_index
     symmetric = same_set and (own is None or bool((own == torch.arange(own.numel(), device=own.device)).all()))
     return Problem(
-        query, gallery, distance, exclusions, n_eligible, query64, gallery64, query_sq64, gallery_sq64, symmetric
+        query, gallery, distance, exclusions, n_eligible, query64, gallery64, query_sq64, gallery_sq64, symmetric, split
     )
 
 

@@ -59,7 +59,8 @@ class Search(NamedTuple):
             n_gallery,
             kp,
             symmetric=problem.symmetric,
-            groups=problem.exclusions.search_groups is not None,
+            # faiss cannot restrict a search to a group, nor to the other side of a bipartite search
+            groups=problem.exclusions.search_groups is not None or problem.split is not None,
         )
         stage = (
             TorchStage(problem, chunk_size) if engine == "torch" else FaissStage(problem, use_gpu=engine == "faiss-gpu")

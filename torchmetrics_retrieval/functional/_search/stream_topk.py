@@ -212,22 +212,25 @@ def stream_topk_symmetric(
     rows_per_chunk: int,
     cols_per_block: int,
     estimate: bool = False,
+    split: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """As :func:`stream_topk` for a set of ``n`` items searched against itself, each distance block computed once.
 
     ``key_fn(rows, cols)`` gives the keys of a block and must be symmetric up to rounding, e.g. half the
     squared L2 distance or ``-<x_i, x_j>``: a block's entry serves as the key of its row query and of its
     column query. ``mask_fn`` must be symmetric (same sequence, other group) and mask the diagonal of the
-    diagonal blocks (the query itself).
+    diagonal blocks (the query itself). With ``split`` (a bipartite search, ``mask_fn`` masking each side
+    against itself) only the rectangle of rows ``[0, split)`` and columns ``[split, n)`` is computed.
     """
     tau, _ = sample_thresholds(n, n, key_fn, kp, mask_fn, rows_per_chunk, estimate)
     buffer = _new_buffer(kp, tau, n)
-    for i0 in range(0, n, rows_per_chunk):
-        rows = slice(i0, min(i0 + rows_per_chunk, n))
-        diagonal = key_fn(rows, rows)
-        mask_fn(diagonal, rows, rows)
-        _add(buffer, rows, diagonal, i0)
-        for j0 in range(rows.stop, n, cols_per_block):
+    for i0 in range(0, n if split is None else split, rows_per_chunk):
+        rows = slice(i0, min(i0 + rows_per_chunk, n if split is None else split))
+        if split is None:
+            diagonal = key_fn(rows, rows)
+            mask_fn(diagonal, rows, rows)
+            _add(buffer, rows, diagonal, i0)
+        for j0 in range(rows.stop if split is None else split, n, cols_per_block):
             cols = slice(j0, min(j0 + cols_per_block, n))
             keys = key_fn(rows, cols)
             mask_fn(keys, rows, cols)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -59,8 +60,9 @@ class TorchStage:
     A set searched against itself (``gallery=None``) takes the symmetric path for the first round: every
     distance block serves its row queries and, transposed, its column queries (half the matrix products),
     in one pass when every query's candidates fit in memory and group by group (:class:`SymmetricSweep`)
-    when they do not. Later rounds (a few uncertified queries, more candidates) search their rows against
-    the whole gallery.
+    when they do not. A bipartite problem (``Problem.split``) computes only the rectangle between its two
+    sets in that pass (not swept: when its buffer does not fit, its rows are searched one-sided). Later rounds
+    (a few uncertified queries, more candidates) search their rows against the whole gallery.
     """
 
     def __init__(self, problem: Problem, chunk_size: int | None) -> None:
@@ -80,12 +82,12 @@ class TorchStage:
 
     def __call__(self, rows: Tensor, kp: int, first_round: bool) -> Candidates:
         """Candidates of ``rows``; the first round starts from estimated thresholds (cheaper, may fall short)."""
-        n_query = self.problem.query.shape[0]
+        n_query, bipartite = self.problem.query.shape[0], self.problem.split is not None
         if first_round and self.symmetric and plan.symmetric_buffer_fits(n_query, kp):
             if self._all_rows is None:
                 self._all_rows = self._search_symmetric(kp)
             return self._all_rows.take(rows)
-        if first_round and self.symmetric and plan.use_compiled(rows.device, n_query, n_query):
+        if first_round and self.symmetric and not bipartite and plan.use_compiled(rows.device, n_query, n_query):
             found = self._sweep_take(rows, kp)
             if found is not None:
                 return found
@@ -103,11 +105,33 @@ class TorchStage:
             keys = 2.0 * keys - self.bias[rows, None]
         return self._candidates((keys, positions, floor))
 
+    def _symmetric_mask(self) -> Callable[[Tensor, slice, slice | Tensor], object]:
+        """The exclusions of a symmetric pass's blocks. A block of a bipartite pass's rectangle pairs the two
+        sides only: the side rule, which would compare every pair of the block, has nothing to mask there."""
+        exclusions, split = self.problem.exclusions, self.problem.split
+        everything = functools.partial(exclusions.fill_excluded_, value=float("inf"))
+        if split is None:
+            return everything
+        across = functools.partial(exclusions._replace(sides=None).fill_excluded_, value=float("inf"))
+
+        def mask(keys: Tensor, rows: slice, cols: slice | Tensor) -> object:
+            inside = isinstance(cols, slice) and rows.stop <= split <= cols.start
+            return (across if inside else everything)(keys, rows, cols)
+
+        return mask
+
     def _search_symmetric(self, kp: int) -> Candidates:
-        mask = functools.partial(self.problem.exclusions.fill_excluded_, value=float("inf"))
+        mask = self._symmetric_mask()
         n = self.gallery.shape[0]
         found = stream_topk_symmetric(
-            self.symmetric_keys, n, kp, mask, rows_per_chunk=self.rows, cols_per_block=self.cols, estimate=True
+            self.symmetric_keys,
+            n,
+            kp,
+            mask,
+            rows_per_chunk=self.rows,
+            cols_per_block=self.cols,
+            estimate=True,
+            split=self.problem.split,
         )
         return self._from_symmetric(found, slice(None))
 

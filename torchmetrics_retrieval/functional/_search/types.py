@@ -3,7 +3,8 @@
 The exclusion rule lives here once. A gallery item ``g`` is *excluded* from the gallery of query ``q`` when
 it is ``q`` itself (``self_index[q] == g``: by position, never by comparing vectors), when both carry the
 same sequence id, when both carry the same label *and* camera (the re-identification camera protocol; the
-pair is encoded as one id, ``camera_labels``), or when they belong to different search groups.
+pair is encoded as one id, ``camera_labels``), when they belong to different search groups, or when both lie
+on the same side of a bipartite search (``sides``: one set's items against another's, in one symmetric pass).
 :meth:`Exclusions.fill_excluded_` writes a value into the excluded pairs of any block of pairs (a query x
 gallery tile, a sample of gallery columns, or a per-query list of gallery items), and
 :meth:`Exclusions.count_eligible` counts what the rule leaves, per query, without forming pairs.
@@ -78,11 +79,12 @@ class Exclusions(NamedTuple):
     sequence_ids: tuple[Tensor, Tensor] | None  # (query side (Q,), gallery side (G,))
     search_groups: tuple[Tensor, Tensor] | None  # (query side (Q,), gallery side (G,))
     camera_labels: tuple[Tensor, Tensor] | None = None  # dense ids of (label, camera), both sides
+    sides: tuple[Tensor, Tensor] | None = None  # side (0 or 1) of each item in a bipartite search
 
     @property
     def same_id_rules(self) -> list[tuple[Tensor, Tensor]]:
-        """The rules that exclude the items sharing the query's id: sequences, (label, camera)."""
-        return [ids for ids in (self.sequence_ids, self.camera_labels) if ids is not None]
+        """The rules that exclude the items sharing the query's id: sequences, (label, camera), side."""
+        return [ids for ids in (self.sequence_ids, self.camera_labels, self.sides) if ids is not None]
 
     @property
     def any(self) -> bool:
@@ -130,6 +132,7 @@ class Exclusions(NamedTuple):
             sequence_ids=side(self.sequence_ids),
             search_groups=side(self.search_groups),
             camera_labels=side(self.camera_labels),
+            sides=side(self.sides),
         )
 
     def count_eligible(self, n_query: int, n_gallery: int, device: torch.device) -> Tensor:
@@ -148,7 +151,7 @@ class Exclusions(NamedTuple):
             return _same_id_count(query_key, gallery_key, n_keys)
 
         count = sharing([])
-        for size in range(1, len(rules) + 1):  # at most two rules: |A or B| = |A| + |B| - |A and B|
+        for size in range(1, len(rules) + 1):  # inclusion-exclusion: |A or B| = |A| + |B| - |A and B|
             for chosen in _subsets(rules, size):
                 count = count - (-1) ** (size + 1) * sharing(chosen)
         if self.self_index is not None and not rules:  # a same-id rule always excludes the query itself
