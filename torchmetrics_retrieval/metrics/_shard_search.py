@@ -1,0 +1,272 @@
+"""The exact top K of every query when each rank holds a shard of the set: the search half of sharded mode.
+
+Every candidate list a rank makes is exact over the gallery items it saw (canonical distances, ties by global
+position), and the lists of a query cover its whole gallery, so merging them by (distance, global position)
+gives the top K of one search over the whole set, bit for bit.
+
+* :func:`symmetric_top_k` - a set searched against itself (every sample a query and a gallery item), as in
+  most validation loops. Each pair of samples is computed once across all ranks, as the one-process symmetric
+  search computes it once: a rank searches its own shard against itself, and in ``P // 2`` rounds one side of
+  a pair of shards visits the rank holding the other, block by block, in a bipartite pass
+  (``make_problem(split=...)``) that serves both shards' queries; the visitors' candidates go back to their
+  owner. With an even ``P`` the two shards ``P / 2`` apart split their rectangle in halves. So every rank
+  does ``1 / P`` of the products, holds its own shard and one visiting block, and no rank waits on a ring.
+* :func:`one_sided_top_k` - queries and gallery apart (``is_query``/``is_gallery``): each rank's next block
+  of queries is all-gathered and searched by every rank against its gallery shard.
+
+Only ``torch.distributed`` collectives and point-to-point operations that both gloo and NCCL implement are used.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torchmetrics.utilities.distributed import gather_all_tensors
+
+from torchmetrics_retrieval.functional._options import RetrievalOptions
+from torchmetrics_retrieval.functional._per_query import _search
+from torchmetrics_retrieval.functional._search import plan
+from torchmetrics_retrieval.functional._search.problem import make_problem
+from torchmetrics_retrieval.functional._search.rounds import Search
+from torchmetrics_retrieval.functional._search.types import KNNResult
+from torchmetrics_retrieval.functional._sets import QueryGallery
+
+__all__ = ["QUERY_BLOCK", "VISIT_ROWS", "one_sided_top_k", "symmetric_fits", "symmetric_top_k"]
+
+#: Queries of one rank searched per round of :func:`one_sided_top_k` (each round all-gathers one block per rank).
+QUERY_BLOCK = 4096
+#: At most this many rows of another rank's shard visit at once in :func:`symmetric_top_k`.
+VISIT_ROWS = 16384
+
+#: Tags of the point-to-point messages: embeddings of visiting rows, candidates going home.
+_EMBEDDINGS, _CANDIDATES = 1, 2
+#: ``(distances (R, K), global gallery rows (R, K), valid (R, K))``
+Found = tuple[Tensor, Tensor, Tensor]
+
+
+def gather(tensor: Tensor, group: Any) -> list[Tensor]:
+    """Every rank's ``tensor`` (any first dimension), in rank order."""
+    return gather_all_tensors(tensor.contiguous(), group=group)
+
+
+def _restrict_gallery(qg: QueryGallery, rows: Tensor, gallery: Tensor) -> QueryGallery:
+    """The problem with its gallery cut to ``rows`` (the embeddings ``gallery``), rules and self index remapped."""
+    remap = torch.full((qg.gallery.shape[0],), -1, dtype=torch.long, device=rows.device)
+    remap[rows] = torch.arange(rows.numel(), device=rows.device)
+    own = torch.where(qg.self_index >= 0, remap[qg.self_index.clamp(min=0)], -1)
+
+    def side(ids: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor] | None:
+        return None if ids is None else (ids[0], ids[1][rows])
+
+    return qg._replace(
+        gallery=gallery,
+        gallery_labels=qg.gallery_labels[rows],
+        self_index=own,
+        gallery_positions=qg.gallery_positions[rows],
+        sequence_ids=side(qg.sequence_ids),
+        search_groups=side(qg.search_groups),
+        camera_labels=side(qg.camera_labels),
+        same_set=False,
+    )
+
+
+def _subset(qg: QueryGallery, rows: Tensor, embeddings: Tensor) -> QueryGallery:
+    """The samples ``rows`` (sorted) of a set searched against itself, as a set of their own."""
+    return _restrict_gallery(qg.take(rows), rows, embeddings)._replace(query=embeddings, same_set=True)
+
+
+def _empty(n: int, k: int, like: Tensor) -> Found:
+    return (
+        torch.full((n, k), math.inf, dtype=like.dtype, device=like.device),
+        torch.zeros((n, k), dtype=torch.long, device=like.device),
+        torch.zeros((n, k), dtype=torch.bool, device=like.device),
+    )
+
+
+def _padded(found: KNNResult, k: int, gallery_rows: Tensor, like: Tensor) -> Found:
+    """A search's result widened to ``k`` columns, its items as global rows ``gallery_rows[index]``."""
+    distances, items, valid = _empty(found.indices.shape[0], k, like)
+    width = found.indices.shape[1]
+    distances[:, :width], valid[:, :width] = found.distances, found.valid
+    items[:, :width] = gallery_rows[found.indices] if gallery_rows.numel() else 0
+    return distances, items, valid
+
+
+def merge(candidates: Found, k: int) -> Found:
+    """The ``k`` best of candidate lists side by side, ordered by (distance, gallery row) as one exact search."""
+    distances, items, valid = candidates
+    big = torch.iinfo(torch.long).max
+    distances = distances.masked_fill(~valid, math.inf)
+    items = items.masked_fill(~valid, big)
+    by_item = torch.argsort(items, dim=1, stable=True)
+    order = torch.gather(by_item, 1, torch.argsort(torch.gather(distances, 1, by_item), dim=1, stable=True))[:, :k]
+    return torch.gather(distances, 1, order), torch.gather(items, 1, order), torch.gather(valid, 1, order)
+
+
+def _merge_into(table: Found, where: Tensor, found: Found, k: int) -> None:
+    """Merge ``found`` (candidates of the table rows ``where``) into ``table`` in place."""
+    side_by_side = [torch.cat([kept[where], new], dim=1) for kept, new in zip(table, found, strict=True)]
+    merged = merge((side_by_side[0], side_by_side[1], side_by_side[2]), k)
+    for kept, new in zip(table, merged, strict=True):
+        kept[where] = new
+
+
+def _peer(group: Any, rank: int) -> int:
+    return rank if group is None else dist.get_global_rank(group, rank)
+
+
+def _post(send: list[Tensor], to: int, receive: list[Tensor], source: int, group: Any, tag: int) -> list[Any]:
+    """Start sending ``send`` to rank ``to`` and receiving ``receive`` (filled in place) from ``source``, as one
+    batch (NCCL runs a batch's sends and receives together: two ranks sending to each other cannot deadlock)."""
+    ops = [dist.P2POp(dist.isend, t, _peer(group, to), group, tag) for t in send if t.numel()]
+    ops += [dist.P2POp(dist.irecv, t, _peer(group, source), group, tag) for t in receive if t.numel()]
+    return dist.batch_isend_irecv(ops) if ops else []
+
+
+def _wait(works: list[Any]) -> None:
+    for work in works:
+        work.wait()
+
+
+def _blocks(n: int) -> list[slice]:
+    """``n`` rows in equal blocks of at most ``VISIT_ROWS``."""
+    size = math.ceil(n / math.ceil(n / VISIT_ROWS)) if n else 1
+    return [slice(start, min(start + size, n)) for start in range(0, n, size)]
+
+
+def _bipartite(
+    qg: QueryGallery, left: tuple[Tensor, Tensor], right: tuple[Tensor, Tensor], options: RetrievalOptions, k: int
+) -> tuple[Found, Found]:
+    """Exact top ``k`` of two disjoint sets of samples ``(rows, embeddings)`` each against the other, from one
+    bipartite symmetric pass; the items are global rows."""
+    rows = torch.cat([left[0], right[0]])
+    sub = _subset(qg, rows, torch.cat([left[1], right[1]]))
+    problem = make_problem(sub.query, sub.gallery, options.distance, sub.exclusions(), True, split=left[0].numel())
+    found = Search.prepare(problem, k, backend="torch", chunk_size=options.chunk_size)(torch.arange(rows.numel()))
+    table = _padded(found, k, rows, left[1])
+    n_left = left[0].numel()
+    return tuple(t[:n_left] for t in table), tuple(t[n_left:] for t in table)  # type: ignore[return-value]
+
+
+def one_sided_top_k(
+    qg: QueryGallery, local: Tensor, owner: Tensor, row: Tensor, options: RetrievalOptions, k: int, group: Any
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(query rows, distances, gallery rows, valid)``: the exact top ``k`` of this rank's queries (rows of
+    ``qg``), from rounds in which every rank's next block of queries visits every rank's gallery shard."""
+    rank = dist.get_rank(group)
+    my_queries = torch.nonzero(owner[qg.query_positions] == rank).flatten()
+    my_gallery = torch.nonzero(owner[qg.gallery_positions] == rank).flatten()
+    shard = _restrict_gallery(qg, my_gallery, local[row[qg.gallery_positions[my_gallery]]])
+    rounds = torch.tensor([math.ceil(my_queries.numel() / QUERY_BLOCK)], device=local.device)
+    dist.all_reduce(rounds, op=dist.ReduceOp.MAX, group=group)
+    parts: list[tuple[Tensor, ...]] = []
+    for b in range(int(rounds)):
+        rows = my_queries[b * QUERY_BLOCK : (b + 1) * QUERY_BLOCK]
+        visiting_rows = gather(rows, group)
+        visiting = torch.cat(gather(local[row[qg.query_positions[rows]]], group))
+        found = _empty(visiting.shape[0], k, local)
+        if visiting.shape[0] and my_gallery.numel():
+            problem = shard.take(torch.cat(visiting_rows))._replace(query=visiting)
+            result = _search(problem, options, k, exact_distances=True)(torch.arange(visiting.shape[0]))
+            found = _padded(result, k, my_gallery, local)
+        start = sum(r.numel() for r in visiting_rows[:rank])
+        ours = slice(start, start + rows.numel())
+        # every rank's candidates for every visiting query; this rank keeps those of its own block
+        d, i, v = (torch.cat([part[ours] for part in gather(t, group)], dim=1) for t in found)
+        parts.append((rows, *merge((d, i, v), k)))
+    rows, distances, items, valid = (torch.cat(column) for column in zip(*parts, strict=True))
+    return rows, distances, items, valid
+
+
+def symmetric_fits(qg: QueryGallery, owner: Tensor, k: int, options: RetrievalOptions) -> bool:
+    """Whether :func:`symmetric_top_k` serves the problem: a set against itself, a stage able to skip a
+    bipartite pass's own-side pairs (not faiss), and the pass's candidates of a shard and a block in memory."""
+    largest_shard = int(torch.bincount(owner).max()) if owner.numel() else 0
+    return qg.same_set and options.knn_backend != "faiss" and plan.symmetric_search_fits(largest_shard + VISIT_ROWS, k)
+
+
+def _visit(
+    qg: QueryGallery,
+    searched: tuple[Tensor, Tensor],
+    sent: Tensor,
+    visiting: Tensor,
+    peers: tuple[int, int],
+    options: RetrievalOptions,
+    k: int,
+    group: Any,
+) -> tuple[Found, Found]:
+    """One round: the rows ``sent`` go to ``peers[1]`` while the samples ``visiting`` (global rows) of rank
+    ``peers[0]`` arrive block by block, the next block on its way while one is searched against ``searched``
+    (global rows, embeddings) in a bipartite pass. Returns the candidates of the searched rows among the
+    visitors, and those of the visitors among the searched rows."""
+    rows, (source, sink) = searched[0], peers
+    outgoing = [sent[b] for b in _blocks(sent.shape[0])]
+    blocks = [visiting[b] for b in _blocks(visiting.numel())]
+    steps = max(len(outgoing), len(blocks))
+
+    def post(i: int) -> tuple[Tensor | None, list[Any]]:
+        """Step ``i``'s block out and block in (each when there is one)."""
+        block = sent.new_empty((blocks[i].numel(), sent.shape[1])) if i < len(blocks) else None
+        send = outgoing[i : i + 1]
+        return block, _post(send, sink, [] if block is None else [block], source, group, _EMBEDDINGS)
+
+    ours, theirs = _empty(rows.numel(), k, sent), []
+    pending = post(0) if steps else (None, [])
+    for i in range(steps):
+        block, works = pending
+        _wait(works)
+        pending = post(i + 1) if i + 1 < steps else (None, [])  # the next block travels during this search
+        if block is None:
+            continue
+        if not rows.numel():
+            theirs.append(_empty(blocks[i].numel(), k, sent))
+            continue
+        found_ours, found_theirs = _bipartite(qg, searched, (blocks[i], block), options, k)
+        _merge_into(ours, torch.arange(rows.numel()), found_ours, k)
+        theirs.append(found_theirs)
+    visitors = tuple(torch.cat(column) for column in zip(*theirs, strict=True)) if theirs else _empty(0, k, sent)
+    return ours, visitors  # type: ignore[return-value]
+
+
+def _swap_candidates(visitors: Found, peers: tuple[int, int], n_back: int, k: int, group: Any) -> Found:
+    """Send the visitors' candidates home to ``peers[0]`` and receive, from ``peers[1]``, those of the
+    ``n_back`` rows this rank sent there."""
+    back = _empty(n_back, k, visitors[0])
+    back_valid = back[2].to(torch.uint8)  # gloo sends no bool tensors
+    outgoing = [visitors[0], visitors[1], visitors[2].to(torch.uint8)]
+    _wait(_post(outgoing, peers[0], [back[0], back[1], back_valid], peers[1], group, _CANDIDATES))
+    return back[0], back[1], back_valid.bool()
+
+
+def symmetric_top_k(
+    qg: QueryGallery, local: Tensor, owner: Tensor, row: Tensor, options: RetrievalOptions, k: int, group: Any
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(rows, distances, gallery rows, valid)``: the exact top ``k`` of this rank's samples of a set searched
+    against itself (``qg.same_set``; sample ``i`` is query ``i`` and gallery item ``i``)."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    shards = [torch.nonzero(owner[qg.query_positions] == r).flatten() for r in range(world)]
+    mine = shards[rank]
+    embeddings = local[row[qg.query_positions[mine]]]
+    table, positions = _empty(mine.numel(), k, local), torch.arange(mine.numel())
+    if mine.numel():
+        own = _search(_subset(qg, mine, embeddings), options, k, exact_distances=True)(positions)
+        _merge_into(table, positions, _padded(own, k, mine, local), k)
+    for distance in range(1, world // 2 + 1):
+        peers = ((rank + distance) % world, (rank - distance) % world)  # (whose rows visit, where ours go)
+        searched, sent, visiting = slice(None), slice(None), shards[peers[0]]
+        if 2 * distance == world:  # one rectangle between the two shards: each side does half of it
+            half = mine.numel() // 2
+            if rank < peers[0]:
+                searched, sent = slice(None, half), slice(half, None)
+            else:
+                visiting = visiting[visiting.numel() // 2 :]
+        search = (mine[searched], embeddings[searched])
+        ours, visitors = _visit(qg, search, embeddings[sent], visiting, peers, options, k, group)
+        back = _swap_candidates(visitors, peers, positions[sent].numel(), k, group)
+        _merge_into(table, positions[searched], ours, k)
+        _merge_into(table, positions[sent], back, k)
+    return mine, *table
