@@ -47,14 +47,15 @@ class EmbeddingMetrics(SampleAccumulator):
         storage_dtype: dtype the embeddings are stored in (e.g. ``torch.float16`` halves the memory);
             ``compute`` upcasts half precision to float32. None: the dtype of the first batch.
         prefix: string put before every key of the result (e.g. ``"val/"``).
-        distributed: under DDP, ``"gather"`` (default): every process gathers every sample and computes
-            everything; ``"shard"``: each process keeps its own samples and the searches move the queries between
-            processes, so every process holds 1/P of the embeddings and searches 1/P of the gallery (for a
-            gallery too large for one process; on 2-3 CPU processes it is slower than gathering, whose one
-            search of the whole set computes each distance once for both directions). Both give identical
-            values. Sharding covers the metrics computed from each query's top K (the cutoff metrics,
-            MAP@R, R-precision, ``dir@fpir``, with categories, per-class keys and intervals); with ``mrr``,
-            ``map_full``, ``minp``, a pair metric, ``pcf_variance`` or ``clustering`` the samples are gathered.
+        distributed: under DDP, ``"shard"`` (default): each process keeps its own samples; only the small
+            fields (labels, ids, dataset indexes) are gathered, and the searches move blocks of rows between
+            processes, so each process holds its own embeddings plus one visiting block. A set searched against
+            itself has each pair of samples computed once, on one process: every process does 1/P of the search.
+            ``"gather"``: every process gathers every sample and computes everything (torchmetrics' usual way).
+            Both give identical values. Sharding covers the metrics computed from each query's top K (the
+            cutoff metrics, MAP@R, R-precision, ``dir@fpir``, with categories, per-class keys and intervals);
+            with ``mrr``, ``map_full``, ``minp``, a pair metric, ``pcf_variance`` or ``clustering`` the samples
+            are gathered.
             One process: no difference.
         kwargs: the retrieval options, the fields of
             :class:`~torchmetrics_retrieval.functional.RetrievalOptions` (defaults and checks there):
@@ -105,7 +106,7 @@ class EmbeddingMetrics(SampleAccumulator):
         *,
         prefix: str = "",
         storage_dtype: torch.dtype | None = None,
-        distributed: Literal["shard", "gather"] = "gather",
+        distributed: Literal["shard", "gather"] = "shard",
         **kwargs: Any,
     ) -> None:
         options = RetrievalOptions.create(**{name: kwargs.pop(name) for name in _OPTION_NAMES & kwargs.keys()})
