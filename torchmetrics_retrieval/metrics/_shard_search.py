@@ -10,7 +10,8 @@ gives the top K of one search over the whole set, bit for bit.
   a pair of shards visits the rank holding the other, block by block, in a bipartite pass
   (``make_problem(split=...)``) that serves both shards' queries; the visitors' candidates go back to their
   owner. With an even ``P`` the two shards ``P / 2`` apart split their rectangle in halves. So every rank
-  does ``1 / P`` of the products, holds its own shard and one visiting block, and no rank waits on a ring.
+  does ``1 / P`` of the products and holds its own shard and two visiting blocks (one searched, the next in
+  flight).
 * :func:`one_sided_top_k` - queries and gallery apart (``is_query``/``is_gallery``): each rank's next block
   of queries is all-gathered and searched by every rank against its gallery shard.
 
@@ -107,12 +108,13 @@ def merge(candidates: Found, k: int) -> Found:
     return torch.gather(distances, 1, order), torch.gather(items, 1, order), torch.gather(valid, 1, order)
 
 
-def _merge_into(table: Found, where: Tensor, found: Found, k: int) -> None:
-    """Merge ``found`` (candidates of the table rows ``where``) into ``table`` in place."""
-    side_by_side = [torch.cat([kept[where], new], dim=1) for kept, new in zip(table, found, strict=True)]
-    merged = merge((side_by_side[0], side_by_side[1], side_by_side[2]), k)
-    for kept, new in zip(table, merged, strict=True):
-        kept[where] = new
+def _merge_lists(lists: list[tuple[slice, Found]], n: int, k: int, like: Tensor) -> Found:
+    """The top ``k`` of ``n`` rows from candidate lists ``(rows, candidates of those rows)``, in one merge."""
+    wide = _empty(n, k * max(1, len(lists)), like)
+    for j, (rows, found) in enumerate(lists):
+        for column, part in zip(wide, found, strict=True):
+            column[rows, j * k : (j + 1) * k] = part
+    return merge(wide, k)
 
 
 def _peer(group: Any, rank: int) -> int:
@@ -198,11 +200,11 @@ def _visit(
     options: RetrievalOptions,
     k: int,
     group: Any,
-) -> tuple[Found, Found]:
+) -> tuple[list[Found], Found]:
     """One round: the rows ``sent`` go to ``peers[1]`` while the samples ``visiting`` (global rows) of rank
     ``peers[0]`` arrive block by block, the next block on its way while one is searched against ``searched``
-    (global rows, embeddings) in a bipartite pass. Returns the candidates of the searched rows among the
-    visitors, and those of the visitors among the searched rows."""
+    (global rows, embeddings) in a bipartite pass. Returns the candidates of the searched rows among each
+    block, and those of the visitors among the searched rows."""
     rows, (source, sink) = searched[0], peers
     outgoing = [sent[b] for b in _blocks(sent.shape[0])]
     blocks = [visiting[b] for b in _blocks(visiting.numel())]
@@ -214,7 +216,8 @@ def _visit(
         send = outgoing[i : i + 1]
         return block, _post(send, sink, [] if block is None else [block], source, group, _EMBEDDINGS)
 
-    ours, theirs = _empty(rows.numel(), k, sent), []
+    ours: list[Found] = []
+    theirs: list[Found] = []
     pending = post(0) if steps else (None, [])
     for i in range(steps):
         block, works = pending
@@ -226,7 +229,7 @@ def _visit(
             theirs.append(_empty(blocks[i].numel(), k, sent))
             continue
         found_ours, found_theirs = _bipartite(qg, searched, (blocks[i], block), options, k)
-        _merge_into(ours, torch.arange(rows.numel()), found_ours, k)
+        ours.append(found_ours)
         theirs.append(found_theirs)
     visitors = tuple(torch.cat(column) for column in zip(*theirs, strict=True)) if theirs else _empty(0, k, sent)
     return ours, visitors  # type: ignore[return-value]
@@ -251,10 +254,10 @@ def symmetric_top_k(
     shards = [torch.nonzero(owner[qg.query_positions] == r).flatten() for r in range(world)]
     mine = shards[rank]
     embeddings = local[row[qg.query_positions[mine]]]
-    table, positions = _empty(mine.numel(), k, local), torch.arange(mine.numel())
+    lists: list[tuple[slice, Found]] = []  # (rows of mine, their candidates among some of the samples)
     if mine.numel():
-        own = _search(_subset(qg, mine, embeddings), options, k, exact_distances=True)(positions)
-        _merge_into(table, positions, _padded(own, k, mine, local), k)
+        own = _search(_subset(qg, mine, embeddings), options, k, exact_distances=True)(torch.arange(mine.numel()))
+        lists.append((slice(None), _padded(own, k, mine, local)))
     for distance in range(1, world // 2 + 1):
         peers = ((rank + distance) % world, (rank - distance) % world)  # (whose rows visit, where ours go)
         searched, sent, visiting = slice(None), slice(None), shards[peers[0]]
@@ -266,7 +269,6 @@ def symmetric_top_k(
                 visiting = visiting[visiting.numel() // 2 :]
         search = (mine[searched], embeddings[searched])
         ours, visitors = _visit(qg, search, embeddings[sent], visiting, peers, options, k, group)
-        back = _swap_candidates(visitors, peers, positions[sent].numel(), k, group)
-        _merge_into(table, positions[searched], ours, k)
-        _merge_into(table, positions[sent], back, k)
-    return mine, *table
+        back = _swap_candidates(visitors, peers, embeddings[sent].shape[0], k, group)
+        lists += [(searched, found) for found in ours] + [(sent, back)]
+    return mine, *_merge_lists(lists, mine.numel(), k, local)
