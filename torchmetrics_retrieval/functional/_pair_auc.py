@@ -165,7 +165,7 @@ def _compiled_block(
     if undecided:
         rows, cols = (torch.from_numpy(a) for a in kernels.list_undecided(*args))
         block_rows = torch.arange(rs.start, rs.stop)
-        exact = canonical_distances(problem, block_rows, rows, cols + cs.start).to(problem.query.dtype)
+        exact = canonical_distances(problem, block_rows, rows, cols + cs.start).to(problem.dtype)
         more = positives.place(exact)
         below, equal = below + more[0], equal + more[1]
     return below, equal
@@ -193,5 +193,5 @@ def _torch_block(
     negative[hit, own[rs][hit] - cs.start] = False
     rows, cols = torch.nonzero(negative, as_tuple=True)
     block_rows = torch.arange(rs.start, rs.stop, device=rows.device)
-    exact = canonical_distances(problem, block_rows, rows, cols + cs.start).to(problem.query.dtype)
+    exact = canonical_distances(problem, block_rows, rows, cols + cs.start).to(problem.dtype)
     return positives.place(exact)

@@ -26,7 +26,10 @@ __all__ = ["Ranked", "canonical_distances", "key_tolerance", "rank"]
 
 def canonical_distances(problem: Problem, rows: Tensor, pair_rows: Tensor, pair_cols: Tensor) -> Tensor:
     """Float64 distances of the pairs ``(rows[pair_rows[i]], pair_cols[i])``, computed pair by pair."""
-    query64 = problem.query64[rows]
+    every_row = rows.numel() == problem.query64.shape[0] and bool(
+        (rows == torch.arange(rows.numel(), device=rows.device)).all()
+    )
+    query64 = problem.query64 if every_row else problem.query64[rows]  # (no copy of a whole set)
     dots = canonical_dots(pair_rows, pair_cols, query64, problem.gallery64)
 
     def direct_sq(close: tuple[Tensor, ...]) -> Tensor:
@@ -142,7 +145,7 @@ def rank(
         near = _near_ties(keys.masked_fill(~ok, float("inf")), 2.0 * tolerance)
         recompute = ok & (near | (keys <= _near_duplicate_limit(problem, rows, tolerance)[:, None]))
     pair_rows, slots = torch.nonzero(recompute, as_tuple=True)
-    dtype = problem.query.dtype
+    dtype = problem.dtype
     if exact_distances:
         values = torch.full(ok.shape, float("inf"), dtype=dtype, device=ok.device)
     else:
@@ -206,7 +209,7 @@ def _rank_compiled(
     near &= ok
     if relevance is not None:
         near = mixed_runs(near, relevance(rows, items))
-    dtype = problem.query.dtype
+    dtype = problem.dtype
     values = torch.zeros(keys32.shape, dtype=dtype)
     pair_rows, slots = torch.nonzero(near, as_tuple=True)
     values[pair_rows, slots] = canonical_distances(problem, rows, pair_rows, items[pair_rows, slots]).to(dtype)

@@ -19,6 +19,9 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional._precision import ieee_sqrt
 
+#: Float64 temporaries of :func:`stage_rows` (one block of rows at a time).
+_STAGE_BLOCK_BYTES = 32 * 2**20
+
 __all__ = [
     "block_distances",
     "canonical_dots",
@@ -51,8 +54,14 @@ def stage_rows(x64: Tensor, sq64: Tensor, distance: str) -> tuple[Tensor, Tensor
     """Float32 rows of a stage-1 search and their squared norms (L2 only), each entry the rounding of its
     float64 value: cosine rows are normalised in float64, the norms are the canonical ones. So every
     stage input is within one rounding of its exact value, as ``certify.key_tolerance`` assumes."""
-    if distance == "cosine":
-        return (x64 / ieee_sqrt(sq64)[:, None]).to(torch.float32), None
+    if distance == "cosine":  # in row blocks: a float64 quotient of every row would double the memory
+        rows = torch.empty(x64.shape, dtype=torch.float32, device=x64.device)
+        norms = ieee_sqrt(sq64)
+        step = max(1, _STAGE_BLOCK_BYTES // (8 * max(1, x64.shape[1])))
+        for start in range(0, x64.shape[0], step):
+            block = slice(start, start + step)
+            rows[block] = x64[block] / norms[block, None]  # rounded to float32 as ``.to`` rounds
+        return rows, None
     return x64.to(torch.float32), sq64.to(torch.float32) if distance in ("euclidean", "sqeuclidean") else None
 
 

@@ -36,6 +36,7 @@ class Problem(NamedTuple):
     query_sq64: Tensor  # (Q,) canonical <q, q>
     gallery_sq64: Tensor  # (G,) canonical <g, g>
     symmetric: bool  # the set against itself with symmetric exclusions: each distance serves both sides
+    dtype: torch.dtype  # of the distances returned; they are rounded to it before ties go by position
     split: int | None = None  # bipartite: rows [0, split) are searched against the rest and the rest against them
 
     def stage_query(self, rows: Tensor) -> Tensor:
@@ -55,12 +56,16 @@ def make_problem(
     same_set: bool,
     names: tuple[str, str] = ("query", "gallery"),
     split: int | None = None,
+    dtype: torch.dtype | None = None,
 ) -> Problem:
     """Prepare a problem from checked inputs (``same_set``: ``gallery`` is ``query``, searched against itself).
 
     ``split`` (with ``same_set``) makes it *bipartite*: the rows before ``split`` and the rows from ``split`` on
     are two sets, each searched against the other only (the ``sides`` rule excludes the same side), so that a
     symmetric stage computes the rectangle between them once and serves both sets from it.
+
+    ``dtype`` is the dtype of the distances (default: the query's); a caller that made the float64 rows itself
+    (``query`` in float64) passes the dtype of its inputs, so that ties are those of the inputs' precision.
 
     The values that only the float64 norms reveal are checked here, where the norms are computed once:
     no row may be too large for float32 keys, nor all-zero with ``distance="cosine"``. ``names`` are the
@@ -70,7 +75,13 @@ def make_problem(
     gallery64 = query64 if same_set else gallery.to(torch.float64)
     query_sq64 = self_dots(query64)
     gallery_sq64 = query_sq64 if same_set else self_dots(gallery64)
-    sides = ((names[0], query_sq64),) if same_set else ((names[0], query_sq64), (names[1], gallery_sq64))
+    sides: tuple[tuple[str, Tensor], ...]
+    if same_set and split is not None:  # the two sets of a bipartite search, each under its own name
+        sides = ((names[0], query_sq64[:split]), (names[1], query_sq64[split:]))
+    elif same_set:
+        sides = ((names[0], query_sq64),)
+    else:
+        sides = ((names[0], query_sq64), (names[1], gallery_sq64))
     for name, sq in sides:
         largest = float(sq.max()) if sq.numel() else 0.0
         if largest > plan.MAX_SQUARED_NORM:
@@ -87,8 +98,9 @@ def make_problem(
     own = exclusions.self_index
     symmetric = same_set and (own is None or bool((own == torch.arange(own.numel(), device=own.device)).all()))
     return Problem(
-        query, gallery, distance, exclusions, n_eligible, query64, gallery64, query_sq64, gallery_sq64, symmetric, split
-    )
+        query, gallery, distance, exclusions, n_eligible, query64, gallery64, query_sq64, gallery_sq64, symmetric,
+        dtype or query.dtype, split,
+    )  # fmt: skip
 
 
 class Candidates(NamedTuple):

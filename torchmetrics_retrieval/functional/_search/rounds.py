@@ -70,7 +70,7 @@ class Search(NamedTuple):
     def __call__(self, queries: Tensor) -> KNNResult:
         """The result of the queries at the positions ``queries``."""
         if self.stage is None:
-            n, dtype, device = queries.numel(), self.problem.query.dtype, self.problem.query.device
+            n, dtype, device = queries.numel(), self.problem.dtype, self.problem.query.device
             return KNNResult(
                 torch.zeros((n, 0), dtype=dtype, device=device),
                 torch.zeros((n, 0), dtype=torch.long, device=device),
@@ -84,7 +84,7 @@ def _search_rounds(search: Search, stage: TorchStage | FaissStage, queries: Tens
     """Rounds of stage 1 + stage 2 over the uncertified ``queries``, doubling the candidates each round."""
     problem, k, kp, chunk_size = search.problem, search.k, search.kp, search.chunk_size
     n_gallery, device = problem.gallery.shape[0], problem.query.device
-    distances = torch.empty((queries.numel(), k), dtype=problem.query.dtype, device=device)
+    distances = torch.empty((queries.numel(), k), dtype=problem.dtype, device=device)
     indices = torch.empty((queries.numel(), k), dtype=torch.long, device=device)
     valid = torch.empty((queries.numel(), k), dtype=torch.bool, device=device)
     pending = torch.arange(queries.numel(), device=device)  # positions within ``queries``
