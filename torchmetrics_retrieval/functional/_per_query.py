@@ -11,7 +11,7 @@ Two ways through the search, with the same values:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +31,7 @@ from torchmetrics_retrieval.functional._sets import QueryGallery
 from torchmetrics_retrieval.functional.reduction import _apply_empty_target_action_compute
 from torchmetrics_retrieval.functional.relevance import _count_relevant_compute, _relevance_matrix_compute
 
-__all__ = ["RetrievalResult", "per_query"]
+__all__ = ["RetrievalResult", "count_relevant", "per_query", "search_depth"]
 
 #: Largest (Q, K) neighbour table (distances, indices, validity, hits) held at once when the caller does not
 #: ask for the neighbours themselves.
@@ -151,10 +151,17 @@ def _search(qg: QueryGallery, options: RetrievalOptions, k: int, exact_distances
 
 
 def _one_pass(
-    qg: QueryGallery, options: RetrievalOptions, k: int, n_relevant: Tensor, n_candidates: Tensor, exact: bool
+    qg: QueryGallery,
+    options: RetrievalOptions,
+    k: int,
+    n_relevant: Tensor,
+    n_candidates: Tensor,
+    exact: bool,
+    found: KNNResult | None = None,
 ) -> tuple[dict[str, Tensor], KNNResult, Tensor]:
-    """Values, neighbour table and hit matrix from one search of every query."""
-    found = _search(qg, options, k, exact)(torch.arange(qg.query.shape[0], device=qg.query.device))
+    """Values, neighbour table and hit matrix from one search of every query (or its result ``found``)."""
+    if found is None:
+        found = _search(qg, options, k, exact)(torch.arange(qg.query.shape[0], device=qg.query.device))
     is_relevant = _relevance_matrix_compute(
         qg.query_labels, qg.gallery_labels, found.indices, found.valid, options.label_comparison_fn
     )
@@ -192,30 +199,42 @@ def _nearest_distances(qg: QueryGallery, options: RetrievalOptions, items: Tenso
     return distances.masked_fill(~found, float("inf"))
 
 
-def _mrr(qg: QueryGallery, options: RetrievalOptions, within_k: Tensor, n_relevant: Tensor) -> Tensor:
+#: ``ranks(rows, max_relevant, last)``: :func:`relevant_ranks` of the queries ``rows`` (indexes into the caller's
+#: queries). Sharded mode passes its own: every rank calls it alike (its collectives must meet), even with no row.
+RanksFn = Callable[[Tensor, int | None, bool], Tensor]
+
+
+def _mrr(
+    qg: QueryGallery, options: RetrievalOptions, within_k: Tensor, n_relevant: Tensor, ranks: RanksFn | None = None
+) -> Tensor:
     """Exact reciprocal rank over the full ranking from the one within the retrieved K (0: no hit there);
-    only queries with no hit in the top K take a second, streaming pass."""
+    only queries with no hit in the top K take a second, streaming pass (``ranks``; default: this process's)."""
     values = within_k.clone()
     beyond = torch.nonzero((values == 0) & (n_relevant > 0)).flatten()
+    find = ranks or (lambda rows, most, last: relevant_ranks(qg.take(rows), n_relevant[rows], options, most, last))
+    first = find(beyond, 1, False)  # even without such a query: sharded, the other ranks may have some
     if beyond.numel():
-        first = relevant_ranks(qg.take(beyond), n_relevant[beyond], options, max_relevant=1)
         values[beyond] = 1.0 / first[:, 0].to(values.dtype)
     return values
 
 
-def _full_ranking_values(qg: QueryGallery, options: RetrievalOptions, n_relevant: Tensor) -> dict[str, Tensor]:
+def _full_ranking_values(
+    qg: QueryGallery, options: RetrievalOptions, n_relevant: Tensor, ranks: RanksFn | None = None
+) -> dict[str, Tensor]:
     """Exact full-ranking average precision (``map``) from the ranks of every relevant item, and the inverse
     negative penalty (``minp``: n(q) / rank of the last relevant item; 0 without one), from the same ranks or,
-    alone, from the last item's rank only."""
+    alone, from the last item's rank only (``ranks``; default: this process's, over the whole ``qg``)."""
     values: dict[str, Tensor] = {}
+    find = ranks or (lambda rows, most, last: relevant_ranks(qg, n_relevant, options, most, last))
+    every = torch.arange(n_relevant.shape[0], device=n_relevant.device)
     if options.map_full:
-        ranks = relevant_ranks(qg, n_relevant, options).to(torch.float64)
-        position = torch.arange(1, ranks.shape[1] + 1, device=ranks.device, dtype=torch.float64)
-        precision = torch.where(ranks > 0, position[None, :] / ranks.clamp(min=1), torch.zeros_like(ranks))
+        full = find(every, None, False).to(torch.float64)
+        position = torch.arange(1, full.shape[1] + 1, device=full.device, dtype=torch.float64)
+        precision = torch.where(full > 0, position[None, :] / full.clamp(min=1), torch.zeros_like(full))
         values["map"] = (precision.sum(dim=1) / n_relevant.clamp(min=1)).to(torch.float32)
-        last = ranks.gather(1, (n_relevant - 1).clamp(min=0)[:, None])[:, 0] if ranks.shape[1] else ranks[:, 0:0]
+        last = full.gather(1, (n_relevant - 1).clamp(min=0)[:, None])[:, 0] if full.shape[1] else full[:, 0:0]
     elif options.minp:
-        last = relevant_ranks(qg, n_relevant, options, last=True).to(torch.float64)
+        last = find(every, None, True).to(torch.float64)
     if options.minp:
         last = last.reshape(-1) if last.numel() else torch.zeros(n_relevant.shape[0], dtype=torch.float64)
         inverse = n_relevant.to(torch.float64) / last.clamp(min=1)
@@ -232,9 +251,9 @@ def search_depth(options: RetrievalOptions, n_relevant: Tensor) -> int:
     return k
 
 
-def per_query(qg: QueryGallery, options: RetrievalOptions, keep_neighbours: bool) -> RetrievalResult:
-    """Per-query values of a checked problem (what ``retrieval_per_query`` documents)."""
-    n_relevant = _count_relevant_compute(
+def count_relevant(qg: QueryGallery, options: RetrievalOptions) -> Tensor:
+    """``(Q,)`` n(q): the relevant items of each query's gallery, every exclusion rule applied."""
+    return _count_relevant_compute(
         qg.query_labels,
         qg.gallery_labels,
         qg.self_index,
@@ -243,17 +262,29 @@ def per_query(qg: QueryGallery, options: RetrievalOptions, keep_neighbours: bool
         options.label_comparison_fn,
         qg.camera_labels,
     )
+
+
+def per_query(
+    qg: QueryGallery, options: RetrievalOptions, keep_neighbours: bool, neighbours: KNNResult | None = None
+) -> RetrievalResult:
+    """Per-query values of a checked problem (what ``retrieval_per_query`` documents); ``neighbours``: the
+    result of its search when another search already gave it (ordered as its K = ``search_depth`` columns)."""
+    n_relevant = count_relevant(qg, options)
     n_query, device = qg.query.shape[0], qg.query.device
     n_candidates = qg.exclusions().count_eligible(n_query, qg.gallery.shape[0], device)  # |G(q)|
     k = search_depth(options, n_relevant)
     # A leave-one-out search whose symmetric candidate buffer fits holds more than the table anyway, and one
     # symmetric pass computes each distance once, where query chunks would compute every one twice.
-    one_pass = n_query * k * _NEIGHBOUR_BYTES <= NEIGHBOUR_TABLE_BYTES or (
-        qg.same_set and symmetric_search_fits(n_query, k)
+    one_pass = (
+        neighbours is not None
+        or n_query * k * _NEIGHBOUR_BYTES <= NEIGHBOUR_TABLE_BYTES
+        or (qg.same_set and symmetric_search_fits(n_query, k))
     )
     with section("kNN search", n_query, unit="query"):
         if keep_neighbours or one_pass:
-            values, found, is_relevant = _one_pass(qg, options, k, n_relevant, n_candidates, exact=keep_neighbours)
+            values, found, is_relevant = _one_pass(
+                qg, options, k, n_relevant, n_candidates, exact=keep_neighbours, found=neighbours
+            )
         else:
             values = _chunked(qg, options, k, n_relevant, n_candidates)
             found = KNNResult(

@@ -24,6 +24,7 @@ from torchmetrics_retrieval.functional._checks import describe
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._per_query import RetrievalResult, per_query
 from torchmetrics_retrieval.functional._progress import shown
+from torchmetrics_retrieval.functional._search.types import KNNResult
 from torchmetrics_retrieval.functional._sets import PairedIds, QueryGallery, split_query_gallery
 from torchmetrics_retrieval.functional.identification import _dir_at_fpir_compute
 from torchmetrics_retrieval.functional.reduction import (
@@ -376,16 +377,23 @@ def _evaluate_checked(
     result = None
     metrics: dict[str, Tensor] = {}
     if opts.needs_ranking:
-        result = per_query(qg, opts, keep_neighbours)
-        metrics.update(reduce_per_query(result, opts))
-        if opts.fpir_vals:
-            assert result.nearest is not None and result.nearest_relevant is not None
-            metrics.update(
-                _dir_at_fpir_compute(result.nearest, result.nearest_relevant, result.n_relevant, opts.fpir_vals)
-            )
+        metrics, result = ranking_metrics(qg, opts, keep_neighbours)
     if opts.needs_pairs or opts.pcf_variance or opts.clustering:
         everything = _every_sample(qg, query if gallery is None else None, opts.normalize)
         labels = query_labels if gallery is None else torch.cat([qg.query_labels, qg.gallery_labels])
         by_category = None if categories is None else (everything[: categories.shape[0]], categories)
         metrics.update(_extra_metrics(opts, qg, everything, labels, by_category))
+    return metrics, result
+
+
+def ranking_metrics(
+    qg: QueryGallery, opts: RetrievalOptions, keep_neighbours: bool, neighbours: KNNResult | None = None
+) -> tuple[dict[str, Tensor], RetrievalResult]:
+    """The ranking metrics of a checked (and normalised) problem and its per-query result; ``neighbours`` as in
+    :func:`per_query`."""
+    result = per_query(qg, opts, keep_neighbours, neighbours)
+    metrics = reduce_per_query(result, opts)
+    if opts.fpir_vals:
+        assert result.nearest is not None and result.nearest_relevant is not None
+        metrics.update(_dir_at_fpir_compute(result.nearest, result.nearest_relevant, result.n_relevant, opts.fpir_vals))
     return metrics, result
