@@ -17,7 +17,7 @@ from torch import Tensor
 from torchmetrics_retrieval.functional._precision import ieee_sqrt
 from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional._search.compiled.order import mixed_runs, order_runs, sort_by_key
-from torchmetrics_retrieval.functional._search.keys import canonical_dots, distances_from_dots, order_key
+from torchmetrics_retrieval.functional._search.keys import Float64Rows, canonical_dots, distances_from_dots, order_key
 from torchmetrics_retrieval.functional._search.problem import Candidates, Problem
 from torchmetrics_retrieval.functional._search.types import RelevanceFn
 
@@ -26,14 +26,16 @@ __all__ = ["Ranked", "canonical_distances", "key_tolerance", "rank"]
 
 def canonical_distances(problem: Problem, rows: Tensor, pair_rows: Tensor, pair_cols: Tensor) -> Tensor:
     """Float64 distances of the pairs ``(rows[pair_rows[i]], pair_cols[i])``, computed pair by pair."""
-    every_row = rows.numel() == problem.query64.shape[0] and bool(
-        (rows == torch.arange(rows.numel(), device=rows.device)).all()
+    # the rows themselves, never a copy of a whole set: rows read on demand, or every row of the problem
+    whole = isinstance(problem.query64, Float64Rows) or (
+        rows.numel() == problem.query64.shape[0]
+        and bool((rows == torch.arange(rows.numel(), device=rows.device)).all())
     )
-    query64 = problem.query64 if every_row else problem.query64[rows]  # (no copy of a whole set)
-    dots = canonical_dots(pair_rows, pair_cols, query64, problem.gallery64)
+    query64, at = (problem.query64, rows[pair_rows]) if whole else (problem.query64[rows], pair_rows)
+    dots = canonical_dots(at, pair_cols, query64, problem.gallery64)
 
     def direct_sq(close: tuple[Tensor, ...]) -> Tensor:
-        diff = query64[pair_rows[close[0]]] - problem.gallery64[pair_cols[close[0]]]
+        diff = query64[at[close[0]]] - problem.gallery64[pair_cols[close[0]]]
         return (diff * diff).sum(dim=1)
 
     q_sq, g_sq = problem.query_sq64[rows][pair_rows], problem.gallery_sq64[pair_cols]

@@ -23,6 +23,8 @@ from torchmetrics_retrieval.functional._precision import ieee_sqrt
 _STAGE_BLOCK_BYTES = 32 * 2**20
 
 __all__ = [
+    "Float64Rows",
+    "Rows64",
     "block_distances",
     "canonical_dots",
     "compute_dtype",
@@ -40,6 +42,36 @@ def compute_dtype(x: Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
+class Float64Rows:
+    """The rows of a float32 (or half) tensor read as float64 when indexed: the exact values of a float64 copy
+    (every float32 is a float64) without holding one, for a set too large to copy whole.
+
+    Every reader of a problem's float64 rows indexes them (``rows64[index]``) or passes them to
+    :func:`canonical_dots`, :func:`self_dots` and :func:`stage_rows`, which read them block by block; a pair's
+    canonical dot product does not depend on which other rows are present, so the values are those of the copy.
+    """
+
+    def __init__(self, x: Tensor) -> None:
+        self.x = x
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.x.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.x.device
+
+    def __getitem__(self, index: Tensor | slice) -> Tensor:
+        return self.x[index].to(torch.float64)
+
+
+#: Float64 rows (a tensor, or :class:`Float64Rows` read on demand).
+Rows64 = Tensor | Float64Rows
+#: Pairs whose rows are read at once from :class:`Float64Rows` in :func:`canonical_dots` (a few MiB of rows).
+_LAZY_PAIRS = 2**14
+
+
 def prepare(x: Tensor, distance: str, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor | None]:
     """Rows in ``dtype`` (default: the compute dtype; unit rows for cosine) and their squared norms (L2 only)."""
     x = x.to(dtype or compute_dtype(x))
@@ -50,7 +82,7 @@ def prepare(x: Tensor, distance: str, dtype: torch.dtype | None = None) -> tuple
     return x, None
 
 
-def stage_rows(x64: Tensor, sq64: Tensor, distance: str) -> tuple[Tensor, Tensor | None]:
+def stage_rows(x64: Rows64, sq64: Tensor, distance: str) -> tuple[Tensor, Tensor | None]:
     """Float32 rows of a stage-1 search and their squared norms (L2 only), each entry the rounding of its
     float64 value: cosine rows are normalised in float64, the norms are the canonical ones. So every
     stage input is within one rounding of its exact value, as ``certify.key_tolerance`` assumes."""
@@ -62,7 +94,11 @@ def stage_rows(x64: Tensor, sq64: Tensor, distance: str) -> tuple[Tensor, Tensor
             block = slice(start, start + step)
             rows[block] = x64[block] / norms[block, None]  # rounded to float32 as ``.to`` rounds
         return rows, None
-    return x64.to(torch.float32), sq64.to(torch.float32) if distance in ("euclidean", "sqeuclidean") else None
+    if isinstance(x64, Float64Rows):  # float32 rows are their own rounding; half rows are rounded exactly
+        rows = x64.x.to(torch.float32)
+    else:
+        rows = x64.to(torch.float32)
+    return rows, sq64.to(torch.float32) if distance in ("euclidean", "sqeuclidean") else None
 
 
 def block_distances(q: Tensor, q_sq: Tensor | None, g: Tensor, g_sq: Tensor | None, distance: str) -> Tensor:
@@ -75,7 +111,7 @@ def block_distances(q: Tensor, q_sq: Tensor | None, g: Tensor, g_sq: Tensor | No
     return ieee_sqrt(d, out=d) if distance == "euclidean" else d
 
 
-def canonical_dots(rows: Tensor, cols: Tensor, query64: Tensor, gallery64: Tensor) -> Tensor:
+def canonical_dots(rows: Tensor, cols: Tensor, query64: Rows64, gallery64: Rows64) -> Tensor:
     """``<query64[rows[i]], gallery64[cols[i]]>`` in float64, each pair computed on its own.
 
     A sampled dense-dense product (one dot product per listed pair, no gathered copies): the value of a
@@ -88,6 +124,8 @@ def canonical_dots(rows: Tensor, cols: Tensor, query64: Tensor, gallery64: Tenso
     n_pairs = rows.numel()
     if n_pairs == 0:
         return torch.zeros(0, dtype=torch.float64, device=query64.device)
+    if isinstance(query64, Float64Rows) or isinstance(gallery64, Float64Rows):
+        return _lazy_dots(rows, cols, query64, gallery64)
     if gallery64.shape[0] > query64.shape[0]:
         rows, cols, query64, gallery64 = cols, rows, gallery64, query64
     # CSR needs the pairs grouped by row (columns within a row may come in any order; each value is its
@@ -117,8 +155,23 @@ def canonical_dots(rows: Tensor, cols: Tensor, query64: Tensor, gallery64: Tenso
     return out
 
 
-def self_dots(x64: Tensor) -> Tensor:
+def _lazy_dots(rows: Tensor, cols: Tensor, query64: Rows64, gallery64: Rows64) -> Tensor:
+    """:func:`canonical_dots` of rows read on demand: the pairs in blocks (by row), each block's rows and columns
+    made float64 once (the values do not depend on the rows around them)."""
+    out = torch.empty(rows.numel(), dtype=torch.float64, device=rows.device)
+    order = torch.argsort(rows, stable=True)
+    for block in order.split(_LAZY_PAIRS):
+        used_rows, local_rows = torch.unique(rows[block], return_inverse=True)
+        used_cols, local_cols = torch.unique(cols[block], return_inverse=True)
+        out[block] = canonical_dots(local_rows, local_cols, query64[used_rows], gallery64[used_cols])
+    return out
+
+
+def self_dots(x64: Rows64) -> Tensor:
     """``<x_i, x_i>`` by the same kernel as :func:`canonical_dots` (so exact duplicates get distance 0)."""
+    if isinstance(x64, Float64Rows):  # block by block: one block of float64 rows at a time
+        step = max(1, _LAZY_PAIRS)
+        return torch.cat([self_dots(x64[start : start + step]) for start in range(0, x64.shape[0], step)])
     idx = torch.arange(x64.shape[0], device=x64.device)
     return canonical_dots(idx, idx, x64, x64)
 

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._search import plan
-from torchmetrics_retrieval.functional._search.keys import self_dots, stage_rows
+from torchmetrics_retrieval.functional._search.keys import Float64Rows, Rows64, self_dots, stage_rows
 from torchmetrics_retrieval.functional._search.types import Exclusions
 
 __all__ = ["Candidates", "Problem", "make_problem", "rounding_terms"]
@@ -31,8 +31,8 @@ class Problem(NamedTuple):
     distance: str
     exclusions: Exclusions
     n_eligible: Tensor  # (Q,) int64: eligible gallery items of each query
-    query64: Tensor  # (Q, D) float64 (canonical stage)
-    gallery64: Tensor  # (G, D) float64
+    query64: Rows64  # (Q, D) float64 (canonical stage), or read on demand
+    gallery64: Rows64  # (G, D) float64
     query_sq64: Tensor  # (Q,) canonical <q, q>
     gallery_sq64: Tensor  # (G,) canonical <g, g>
     symmetric: bool  # the set against itself with symmetric exclusions: each distance serves both sides
@@ -56,7 +56,7 @@ def make_problem(
     same_set: bool,
     names: tuple[str, str] = ("query", "gallery"),
     split: int | None = None,
-    dtype: torch.dtype | None = None,
+    lazy64: bool = False,
 ) -> Problem:
     """Prepare a problem from checked inputs (``same_set``: ``gallery`` is ``query``, searched against itself).
 
@@ -64,15 +64,16 @@ def make_problem(
     are two sets, each searched against the other only (the ``sides`` rule excludes the same side), so that a
     symmetric stage computes the rectangle between them once and serves both sets from it.
 
-    ``dtype`` is the dtype of the distances (default: the query's); a caller that made the float64 rows itself
-    (``query`` in float64) passes the dtype of its inputs, so that ties are those of the inputs' precision.
+    ``lazy64``: the float64 rows are read on demand (:class:`~.keys.Float64Rows`) instead of copied, for a
+    float32 set too large to hold twice more (the values are the same).
 
     The values that only the float64 norms reveal are checked here, where the norms are computed once:
     no row may be too large for float32 keys, nor all-zero with ``distance="cosine"``. ``names`` are the
     arguments that the user gave as the query and the gallery, for the error messages.
     """
-    query64 = query.to(torch.float64)
-    gallery64 = query64 if same_set else gallery.to(torch.float64)
+    as64 = Float64Rows if lazy64 and query.dtype != torch.float64 else (lambda x: x.to(torch.float64))
+    query64: Rows64 = as64(query)
+    gallery64: Rows64 = query64 if same_set else as64(gallery)
     query_sq64 = self_dots(query64)
     gallery_sq64 = query_sq64 if same_set else self_dots(gallery64)
     sides: tuple[tuple[str, Tensor], ...]
@@ -99,7 +100,7 @@ def make_problem(
     symmetric = same_set and (own is None or bool((own == torch.arange(own.numel(), device=own.device)).all()))
     return Problem(
         query, gallery, distance, exclusions, n_eligible, query64, gallery64, query_sq64, gallery_sq64, symmetric,
-        dtype or query.dtype, split,
+        query.dtype, split,
     )  # fmt: skip
 
 
