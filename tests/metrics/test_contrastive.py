@@ -1,4 +1,8 @@
-"""ContrastiveAccuracy in one process: class == functional == the full similarity matrix; errors; state; Lightning."""
+"""ContrastiveAccuracy: class == functional == the full similarity matrix; errors; state; Lightning; sharded DDP.
+
+Lightning and scikit-learn are imported inside the test that needs them: the gloo workers of the sharded tests
+import this module, and should not spend seconds on it.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +11,23 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
 import pytest
 import torch
-from sklearn.datasets import load_digits
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics import MetricCollection
 
+from tests.metrics._distributed import run_distributed
 from tests.metrics._helpers import split_points
-from torchmetrics_retrieval.functional.contrastive import contrastive_accuracy
+from torchmetrics_retrieval.functional.contrastive import (
+    _count_above,
+    _count_more_similar,
+    _max_norm,
+    _pair_dots,
+    _prepare,
+    _rounding_bound,
+    contrastive_accuracy,
+)
 from torchmetrics_retrieval.metrics.contrastive import ContrastiveAccuracy
 
 
@@ -158,6 +169,7 @@ def test_bad_update_raises_and_leaves_state_untouched(case: str) -> None:
         ("eps", -1e-3, ValueError),
         ("eps", "small", TypeError),
         ("chunk_size", 0, ValueError),
+        ("distributed", "all", ValueError),
     ],
 )
 def test_bad_option_names_itself(option: str, value: Any, error: type) -> None:
@@ -228,30 +240,36 @@ def test_class_flags() -> None:
 # ---- Lightning ----------------------------------------------------------------------------------------------------
 
 
-class TwoViews(pl.LightningModule):
-    """Embeds two noisy views of each digit; validation logs the metric object itself."""
+def two_views_module(out_dir: str) -> Any:
+    """A LightningModule that embeds two noisy views of each digit; validation logs the metric object itself."""
+    import lightning.pytorch as pl
 
-    def __init__(self, out_dir: str) -> None:
-        super().__init__()
-        self.embed = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16))
-        self.metric = ContrastiveAccuracy(top_k=1)
-        self.out_dir = out_dir
-        self.seen: list[tuple[Tensor, Tensor]] = []
+    class TwoViews(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16))
+            self.metric = ContrastiveAccuracy(top_k=1)
+            self.seen: list[tuple[Tensor, Tensor]] = []
 
-    def validation_step(self, batch: list[Tensor], batch_idx: int) -> None:
-        view1, view2 = batch
-        z1, z2 = self.embed(view1), self.embed(view2)
-        self.metric.update(z1, z2)
-        self.log("val/contrastive", self.metric)  # Lightning calls compute() and reset() at the epoch end
-        self.seen.append((z1, z2))
+        def validation_step(self, batch: list[Tensor], batch_idx: int) -> None:
+            view1, view2 = batch
+            z1, z2 = self.embed(view1), self.embed(view2)
+            self.metric.update(z1, z2)
+            self.log("val/contrastive", self.metric)  # Lightning calls compute() and reset() at the epoch end
+            self.seen.append((z1, z2))
 
-    def on_validation_epoch_end(self) -> None:
-        z1, z2 = (torch.cat(parts) for parts in zip(*self.seen, strict=True))
-        torch.save((z1, z2), Path(self.out_dir) / "views.pt")
+        def on_validation_epoch_end(self) -> None:
+            z1, z2 = (torch.cat(parts) for parts in zip(*self.seen, strict=True))
+            torch.save((z1, z2), Path(out_dir) / "views.pt")
+
+    return TwoViews()
 
 
 @pytest.mark.slow
 def test_lightning_validate_logs_the_exact_value(tmp_path: Path) -> None:
+    import lightning.pytorch as pl
+    from sklearn.datasets import load_digits
+
     pl.seed_everything(0)
     x = torch.tensor(load_digits().data[:300], dtype=torch.float32) / 16
     g = torch.Generator().manual_seed(1)
@@ -264,7 +282,7 @@ def test_lightning_validate_logs_the_exact_value(tmp_path: Path) -> None:
         enable_checkpointing=False,
         logger=False,
     )
-    model = TwoViews(str(tmp_path))
+    model = two_views_module(str(tmp_path))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Lightning's advice on workers
         (logged,) = trainer.validate(model, DataLoader(views, batch_size=64))
@@ -283,3 +301,142 @@ def test_forward_checks_the_batch_first() -> None:
     with pytest.raises(ValueError, match=r"`z2` must have the shape \(2, 3\) of `z1`"):
         metric(torch.ones(2, 3), torch.ones(1, 3))
     assert [t.shape for t in metric.z1] == [(3, 3)] and [t.shape for t in metric.z2] == [(3, 3)]
+
+
+# ---- sharded mode (the default under DDP) -------------------------------------------------------------------------
+
+N_SHARDED = 29  # not a multiple of 2 or 3: DistributedSampler pads with duplicates
+SHARDED_TOP_K = (1, 2, 5, 40)
+#: rows of each rank, by world size: uneven shards, and an empty rank
+UNEVEN = {1: [N_SHARDED], 2: [20, 9], 3: [3, 19, 7]}
+WITH_EMPTY = {1: [N_SHARDED], 2: [0, N_SHARDED], 3: [17, 0, 12]}
+
+
+def sharded_data() -> dict[str, tuple[Tensor, Tensor]]:
+    """Small-integer views (exact similarities, ties, duplicated pairs and candidates) and Gaussian ones."""
+    z1, z2 = tied_views(N_SHARDED, 3, seed=11)
+    z1[20:26], z2[20:26] = z1[:6], z2[:6]  # whole pairs repeated at other indexes
+    z2[26:] = z2[6:9]  # candidates repeated
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(N_SHARDED, 8, generator=g)
+    return {"tied": (z1, z2), "gaussian": (x, x + 0.7 * torch.randn(N_SHARDED, 8, generator=g))}
+
+
+def _padded_rows(n: int, rank: int, world_size: int) -> Tensor:
+    """DistributedSampler's split (shuffled): padded to a multiple of the world size with repeated rows."""
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(3))
+    total = -(-n // world_size) * world_size
+    return order[torch.arange(rank, total, world_size) % n]
+
+
+def _shard_rows(sizes: list[int], rank: int) -> Tensor:
+    start = sum(sizes[:rank])
+    return torch.arange(start, start + sizes[rank])
+
+
+def _sharded_scenarios(rank: int, world_size: int) -> dict[str, Any]:
+    from torchmetrics_retrieval.metrics import _shard_contrastive
+
+    calls = []
+    sharded = _shard_contrastive.sharded_contrastive
+    _shard_contrastive.sharded_contrastive = lambda *args: calls.append(1) or sharded(*args)  # type: ignore[assignment]
+    _shard_contrastive.VISIT_BLOCK = 4  # several rounds, a different number of blocks on each rank
+    outcomes: dict[str, Any] = {}
+    for name, (z1, z2) in sharded_data().items():
+        for normalize in (True, False):
+            scenarios = {  # rows of this rank, with indexes?
+                "padded": (_padded_rows(N_SHARDED, rank, world_size), True),
+                "uneven": (_shard_rows(UNEVEN[world_size], rank), True),
+                "empty_rank": (_shard_rows(WITH_EMPTY[world_size], rank), False),  # rank order: the whole set
+            }
+            for scenario, (rows, indexes) in scenarios.items():
+                for distributed in ("shard", "gather") if scenario == "padded" else ("shard",):
+                    metric = ContrastiveAccuracy(
+                        top_k=SHARDED_TOP_K, normalize=normalize, chunk_size=3, distributed=distributed
+                    )
+                    for batch in rows.split(4):
+                        metric.update(z1[batch], z2[batch], indexes=batch if indexes else None)
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")  # the empty rank gets torchmetrics' warning
+                        outcomes[f"{name}/{normalize}/{scenario}/{distributed}"] = metric.compute()
+        single = ContrastiveAccuracy(normalize=False)  # an int top_k: a 0-dim tensor
+        rows = _padded_rows(N_SHARDED, rank, world_size)
+        single.update(z1[rows], z2[rows], indexes=rows)
+        outcomes[f"{name}/single"] = single.compute()
+    outcomes["calls"] = len(calls)
+    return outcomes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_sharded_identical_to_one_process(world_size: int, tmp_path: Path) -> None:
+    """Every scenario on 1-3 processes equals the functional on the whole set, bit for bit; the sharded path ran."""
+    results = run_distributed(_sharded_scenarios, world_size, tmp_path)
+    for name, (z1, z2) in sharded_data().items():
+        for normalize in (True, False):
+            expected = contrastive_accuracy(z1, z2, SHARDED_TOP_K, normalize=normalize)
+            assert 0 < float(expected["contrastive_accuracy/1"]) < 1
+            for rank, outcomes in enumerate(results):
+                for scenario in ("padded/shard", "padded/gather", "uneven/shard", "empty_rank/shard"):
+                    got = outcomes[f"{name}/{normalize}/{scenario}"]
+                    assert list(got) == list(expected)
+                    for key in expected:
+                        torch.testing.assert_close(
+                            got[key], expected[key], rtol=0, atol=0, msg=f"{world_size} {rank} {scenario} {key}"
+                        )
+                single = outcomes[f"{name}/single"]
+                assert single.ndim == 0 and torch.equal(single, contrastive_accuracy(z1, z2, normalize=False))
+    for outcomes in results:  # 2 data sets x 2 normalisations x 3 scenarios, and the int top_k, per data set
+        assert outcomes["calls"] == (0 if world_size == 1 else 2 * (2 * 3 + 1))
+
+
+def _bad_batch_on_last_rank(rank: int, world_size: int) -> dict[str, Any]:
+    z1, z2 = tied_views(12, 3, seed=13)
+    outcomes: dict[str, Any] = {}
+    for case in ("dimension", "nan"):
+        metric = ContrastiveAccuracy()
+        rows = torch.arange(rank, 12, world_size)
+        if case == "dimension" and rank == world_size - 1:  # a valid batch alone, another D than the others'
+            metric.update(torch.ones(rows.numel(), 4), torch.ones(rows.numel(), 4))
+        else:
+            metric.update(z1[rows], z2[rows])
+        if case == "nan" and rank == world_size - 1:  # e.g. a state loaded from a bad checkpoint
+            metric.z2[0][0, 1] = float("nan")
+        try:
+            metric.compute()
+            outcomes[case] = "no error"
+        except ValueError as error:
+            outcomes[case] = str(error)
+        outcomes[f"{case}/kept"] = [t.shape[0] for t in metric.z1] == [rows.numel()]  # the local state is kept
+    return outcomes
+
+
+@pytest.mark.slow
+def test_a_bad_batch_on_one_rank_raises_on_every_rank(tmp_path: Path) -> None:
+    outcomes = run_distributed(_bad_batch_on_last_rank, 2, tmp_path, timeout=60.0)
+    for rank in (0, 1):
+        assert "`z1` must have the same trailing shape and dtype on every process" in outcomes[rank]["dimension"]
+        assert outcomes[rank]["dimension/kept"] and outcomes[rank]["nan/kept"]
+    assert "`z2` must be finite" in outcomes[1]["nan"]
+    assert "other process" in outcomes[0]["nan"]
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_counts_over_a_split_of_rows_and_candidates_add_up(normalize: bool) -> None:
+    """The decomposition sharded mode relies on: counting visiting blocks of ``z1`` rows against shards of
+    pairs, with the partner values and a rounding bound of the whole set, gives the counts of the whole set."""
+    for z1, z2 in sharded_data().values():
+        a, b = _prepare(z1, torch.float32, normalize, 1e-12), _prepare(z2, torch.float32, normalize, 1e-12)
+        above_1, above_2 = _count_more_similar(a, b, chunk=5)
+        idx = torch.arange(N_SHARDED)
+        partner = _pair_dots(a, b, idx, idx)
+        tol = _rounding_bound(a.shape[1], a.dtype, _max_norm(a), _max_norm(b))
+        shards = torch.randperm(N_SHARDED, generator=torch.Generator().manual_seed(1)).tensor_split([10, 10, 22])
+        blocks = idx.tensor_split([7, 8, 20])  # an empty block and an empty shard included
+        summed_1, summed_2 = torch.zeros_like(above_1), torch.zeros_like(above_2)
+        for shard in shards:
+            for block in blocks:
+                counts_1, counts_2 = _count_above(a[block], b[shard], partner[block], partner[shard], tol, chunk=3)
+                summed_1[block] += counts_1
+                summed_2[shard] += counts_2
+        assert torch.equal(summed_1, above_1) and torch.equal(summed_2, above_2)

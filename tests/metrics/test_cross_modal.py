@@ -116,3 +116,113 @@ def test_identical_on_several_processes(world_size: int, tmp_path: Path) -> None
         assert list(values) == list(expected)
         for key in expected:
             assert torch.equal(values[key], expected[key]), (world_size, rank, key)
+
+
+# ---- sharded mode (the default under DDP) -------------------------------------------------------------------------
+
+SHARDED_OPTIONS: dict[str, Any] = {
+    "cmc_top_k": KS,
+    "precision_top_k": (2,),
+    "ndcg_top_k": (4,),
+    "map_at_r": True,
+    "r_precision": True,
+    "fpir_vals": (0.5,),
+    "confidence_level": 0.9,
+    "n_bootstrap": 30,
+}
+
+
+def tied_data() -> dict[str, Tensor]:
+    """Small-integer rows (exact distance ties), captions partly exact copies of images (distance 0), groups
+    with a single side (so some queries have no relevant item)."""
+    g = torch.Generator().manual_seed(7)
+    images = torch.randint(-2, 3, (N_IMAGES, 3), generator=g).float()
+    captions = torch.randint(-2, 3, (40, 3), generator=g).float()
+    captions[:15] = images[torch.randint(0, N_IMAGES, (15,), generator=g)]
+    images[images.abs().sum(dim=1) == 0] = 1.0  # cosine needs no zero row
+    captions[captions.abs().sum(dim=1) == 0] = 1.0
+    caption_ids = torch.randint(0, N_IMAGES + 4, (40,), generator=g)
+    return {"images": images, "image_ids": torch.arange(N_IMAGES), "captions": captions, "caption_ids": caption_ids}
+
+
+def feed_rows(metric: CrossModalRetrieval, data: dict[str, Tensor], images: Tensor, captions: Tensor) -> None:
+    """The given rows (repeats allowed: padding), each side in batches of 5, with their indexes."""
+    for rows in images.split(5):
+        metric.update(embeddings_a=data["images"][rows], ids_a=data["image_ids"][rows], indexes_a=rows)
+    for rows in captions.split(5):
+        metric.update(embeddings_b=data["captions"][rows], ids_b=data["caption_ids"][rows], indexes_b=rows)
+
+
+def _padded_rows(n: int, rank: int, world_size: int) -> Tensor:
+    """DistributedSampler's split: padded to a multiple of the world size with the first rows again."""
+    total = -(-n // world_size) * world_size
+    return torch.arange(rank, total, world_size) % n
+
+
+def _sharded_scenarios(rank: int, world_size: int) -> dict[str, Any]:
+    from torchmetrics_retrieval.metrics import _shard_cross_modal
+
+    calls = []
+    sharded = _shard_cross_modal.sharded_cross_modal
+    _shard_cross_modal.sharded_cross_modal = lambda *args: calls.append(1) or sharded(*args)  # type: ignore[assignment]
+    outcomes: dict[str, Any] = {}
+    for name, data in (("clip", image_caption_data(3)), ("tied", tied_data())):
+        n_captions = data["captions"].shape[0]
+        for distributed in ("shard", "gather"):
+            metric = CrossModalRetrieval(distributed=distributed, **SHARDED_OPTIONS)
+            feed_shuffled(metric, data, rank, world_size)
+            outcomes[f"{name}_{distributed}"] = metric.compute()
+        metric = CrossModalRetrieval(**SHARDED_OPTIONS)  # padded duplicates, de-duplicated by index
+        feed_rows(metric, data, _padded_rows(N_IMAGES, rank, world_size), _padded_rows(n_captions, rank, world_size))
+        outcomes[f"{name}_padded"] = metric.compute()
+        metric = CrossModalRetrieval(**SHARDED_OPTIONS)  # every image on the last rank, none on rank 0 at all
+        images = torch.arange(N_IMAGES) if rank == world_size - 1 else torch.arange(0)
+        captions = torch.arange(0) if rank == 0 and world_size > 1 else torch.arange(rank, n_captions, world_size)
+        if world_size > 1:
+            captions = torch.arange(rank - 1, n_captions, world_size - 1) if rank else captions
+        feed_rows(metric, data, images, captions)
+        outcomes[f"{name}_one_rank_queries"] = metric.compute()
+    outcomes["calls"] = len(calls)
+    return outcomes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_sharded_identical_to_one_process(world_size: int, tmp_path: Path) -> None:
+    """Every key of every scenario on 1-3 processes equals one process's, bit for bit; the sharded path ran."""
+    results = run_distributed(_sharded_scenarios, world_size, tmp_path)
+    for name, data in (("clip", image_caption_data(3)), ("tied", tied_data())):
+        one = CrossModalRetrieval(**SHARDED_OPTIONS)
+        feed_shuffled(one, data)
+        expected = one.compute()
+        for rank, outcomes in enumerate(results):
+            for scenario in ("shard", "gather", "padded", "one_rank_queries"):
+                got = outcomes[f"{name}_{scenario}"]
+                assert list(got) == list(expected)
+                for key in expected:  # NaN (dir@fpir without a non-mated probe) equals NaN
+                    torch.testing.assert_close(
+                        got[key], expected[key], rtol=0, atol=0, equal_nan=True, msg=f"{world_size} {rank} {key}"
+                    )
+            assert outcomes["calls"] == (0 if world_size == 1 else 3 * 2)
+
+
+def _zero_caption_on_last_rank(rank: int, world_size: int) -> str:
+    data = image_caption_data(4)
+    if rank == world_size - 1:
+        data["captions"][rank] = 0.0
+    metric = CrossModalRetrieval()
+    feed_shuffled(metric, data, rank, world_size)
+    stored = len(metric.side_b.embeddings_b)
+    try:
+        metric.compute()
+    except ValueError as error:
+        assert len(metric.side_b.embeddings_b) == stored  # the local state is kept
+        return str(error)
+    return "no error"
+
+
+@pytest.mark.slow
+def test_a_bad_row_on_one_rank_raises_on_every_rank(tmp_path: Path) -> None:
+    messages = run_distributed(_zero_caption_on_last_rank, 2, tmp_path, timeout=60.0)
+    assert "`embeddings_b` must have no all-zero row" in messages[1]
+    assert "`embeddings_b`" in messages[0] and "other process" in messages[0]

@@ -5,8 +5,8 @@ Each distance between an A item and a B item serves both directions: the two set
 and keeps the candidates of every row of either side. Each direction takes its rows of that result (the
 neighbours its own exact search finds, in the same order) and goes on as ``retrieval_metrics`` does.
 
-The stack is made in float64 directly (the engine's canonical copy of the rows), so the search holds no more
-than one search of one direction would: that copy and the float32 rows of its first stage.
+The search reads its float64 rows from the stack on demand (``make_problem(lazy64=True)``: the values of a
+float64 copy, without the copy), so it holds the stack, the float32 rows of its first stage and its candidates.
 
 Each direction is searched on its own when the stacked search does not apply: with ``knn_backend="faiss"``
 (faiss cannot leave a side out of a search), when the candidates of every row do not fit the symmetric buffer,
@@ -29,7 +29,7 @@ from torchmetrics_retrieval.functional._sets import QueryGallery, split_query_ga
 from torchmetrics_retrieval.functional.relevance import _relevance_matrix_compute
 from torchmetrics_retrieval.functional.retrieval import evaluate, ranking_metrics
 
-__all__ = ["cross_modal_metrics"]
+__all__ = ["cross_modal_metrics", "stacked_cross_modal_metrics"]
 
 
 def cross_modal_metrics(
@@ -46,50 +46,54 @@ def cross_modal_metrics(
         >>> {direction: float(metrics["cmc/1"]) for direction, metrics in both.items()}
         {'a_to_b': 1.0, 'b_to_a': 0.75}
     """
-    if opts.normalize:
-        embeddings_a = torch.nn.functional.normalize(embeddings_a, dim=1)
-        embeddings_b = torch.nn.functional.normalize(embeddings_b, dim=1)
-    sets = ((embeddings_a, ids_a, embeddings_b, ids_b), (embeddings_b, ids_b, embeddings_a, ids_a))
-    separate = opts.needs_pairs or opts.pcf_variance or opts.clustering or not opts.needs_ranking
-    if separate or opts.knn_backend == "faiss":
+    if _separately(opts):
+        sets = ((embeddings_a, ids_a, embeddings_b, ids_b), (embeddings_b, ids_b, embeddings_a, ids_a))
         return {
             direction: evaluate(*one_set, opts, keep_neighbours=False)[0]
             for direction, one_set in zip(("a_to_b", "b_to_a"), sets, strict=True)
         }
-    a_to_b, b_to_a = (split_query_gallery(*one_set) for one_set in sets)
+    return stacked_cross_modal_metrics(torch.cat([embeddings_a, embeddings_b]), ids_a, ids_b, opts)
+
+
+def stacked_cross_modal_metrics(
+    stacked: Tensor, ids_a: Tensor, ids_b: Tensor, opts: RetrievalOptions
+) -> dict[str, dict[str, Tensor]]:
+    """:func:`cross_modal_metrics` of A stacked on B (``stacked[:len(ids_a)]`` is A): the caller's one copy of both
+    sets serves the search, whose float64 rows are read from it on demand."""
+    n_a = ids_a.shape[0]
+    if _separately(opts):
+        return cross_modal_metrics(stacked[:n_a], ids_a, stacked[n_a:], ids_b, opts)
+    if opts.normalize:
+        stacked = torch.nn.functional.normalize(stacked, dim=1)
+    a, b = stacked[:n_a], stacked[n_a:]
+    a_to_b, b_to_a = split_query_gallery(a, ids_a, b, ids_b), split_query_gallery(b, ids_b, a, ids_a)
     depths = (search_depth(opts, count_relevant(a_to_b, opts)), search_depth(opts, count_relevant(b_to_a, opts)))
-    n = embeddings_a.shape[0] + embeddings_b.shape[0]
     neighbours: tuple[KNNResult | None, KNNResult | None] = (None, None)
     with shown(opts.progress):
-        if symmetric_search_fits(n, max(depths)):
-            with section("kNN search (both directions)", n, unit="query"):
-                neighbours = _stacked_search(a_to_b, b_to_a, opts, depths)
+        if symmetric_search_fits(stacked.shape[0], max(depths)):
+            with section("kNN search (both directions)", stacked.shape[0], unit="query"):
+                neighbours = _stacked_search(stacked, a_to_b, opts, depths)
         return {
             direction: ranking_metrics(qg, opts, keep_neighbours=False, neighbours=found)[0]
             for direction, qg, found in zip(("a_to_b", "b_to_a"), (a_to_b, b_to_a), neighbours, strict=True)
         }
 
 
+def _separately(opts: RetrievalOptions) -> bool:
+    """Whether each direction is evaluated on its own (see the module docstring)."""
+    beyond_ranking = bool(opts.needs_pairs or opts.pcf_variance or opts.clustering)
+    return beyond_ranking or not opts.needs_ranking or opts.knn_backend == "faiss"
+
+
 def _stacked_search(
-    a_to_b: QueryGallery, b_to_a: QueryGallery, opts: RetrievalOptions, depths: tuple[int, int]
+    stacked: Tensor, a_to_b: QueryGallery, opts: RetrievalOptions, depths: tuple[int, int]
 ) -> tuple[KNNResult, KNNResult]:
-    """The top ``depths`` neighbours of each direction from one bipartite search of A stacked on B, in the order
-    of ``retrieval_metrics``'s search wherever the values can see it (exact up to ties of one relevance)."""
-    a, b = a_to_b.query, a_to_b.gallery
-    n_a = a.shape[0]
-    stacked = torch.empty((n_a + b.shape[0], a.shape[1]), dtype=torch.float64, device=a.device)
-    stacked[:n_a], stacked[n_a:] = a, b
+    """The top ``depths`` neighbours of each direction from one bipartite search of ``stacked`` (A on B), in the
+    order of ``retrieval_metrics``'s search wherever the values can see it (exact up to ties of one relevance)."""
+    n_a, n_b = a_to_b.query.shape[0], a_to_b.gallery.shape[0]
     labels = torch.cat([a_to_b.query_labels, a_to_b.gallery_labels])
-    problem = make_problem(
-        stacked,
-        stacked,
-        opts.distance,
-        Exclusions(None, None, None),
-        True,
-        ("embeddings_a", "embeddings_b"),
-        n_a,
-        a.dtype,
-    )
+    names = ("embeddings_a", "embeddings_b")
+    problem = make_problem(stacked, stacked, opts.distance, Exclusions(None, None, None), True, names, n_a, True)
 
     def relevance(rows: Tensor, items: Tensor) -> Tensor:
         return _relevance_matrix_compute(labels[rows], labels, items, None, opts.label_comparison_fn)
@@ -97,8 +101,8 @@ def _stacked_search(
     search = Search.prepare(
         problem, max(depths), chunk_size=opts.chunk_size, exact_distances=False, relevance=relevance
     )
-    found = search(torch.arange(stacked.shape[0], device=a.device))
-    del stacked, problem, search
+    found = search(torch.arange(stacked.shape[0], device=stacked.device))
+    del problem, search  # the stage rows and candidate buffers
 
     def side(rows: slice, offset: int, depth: int, n_gallery: int) -> KNNResult:
         """The rows of one direction as its own search returns them: items numbered in its gallery, and its K
@@ -107,4 +111,4 @@ def _stacked_search(
         indices = (found.indices[rows, :width] - offset).clamp(min=0)
         return KNNResult(found.distances[rows, :width], indices, found.valid[rows, :width])
 
-    return side(slice(None, n_a), n_a, depths[0], b.shape[0]), side(slice(n_a, None), 0, depths[1], n_a)
+    return side(slice(None, n_a), n_a, depths[0], n_b), side(slice(n_a, None), 0, depths[1], n_a)

@@ -56,10 +56,17 @@ class _Thresholds:
         m: int,
         symmetric: bool,
         last: bool = False,
+        listed: tuple[Tensor, Tensor] | None = None,
     ) -> None:
+        """``listed``: the pairs' reported distances and their gallery items' canonical squared norms, when the
+        pairs were listed elsewhere (a shard of the gallery: ``pair_cols`` are then the items' *virtual*
+        positions in it, see ``metrics._shard_full_ranking``, and pairs of equal distance come in tie order)."""
         self.symmetric = symmetric
-        device, dtype = rows.device, problem.query.dtype
-        distances = canonical_distances(problem, rows, pair_rows, pair_cols).to(dtype)
+        device, dtype = rows.device, problem.dtype
+        if listed is None:
+            distances, gallery_sq = canonical_distances(problem, rows, pair_rows, pair_cols).to(dtype), None
+        else:
+            distances, gallery_sq = listed
         # per row, by (distance, position): the pairs come row-major with positions increasing in a row
         order = _row_major_order(pair_rows, distances)
         pair_rows, pair_cols, distances = pair_rows[order], pair_cols[order], distances[order]
@@ -74,7 +81,11 @@ class _Thresholds:
         self.distances[pair_rows[keep], slot[keep]] = distances[keep]
         self.positions[pair_rows[keep], slot[keep]] = pair_cols[keep]
         self.filled = per_row.clamp(max=m)
-        self.lower, self.upper = _key_brackets(problem, rows, self.distances, self.positions, symmetric)
+        threshold_sq = None
+        if gallery_sq is not None:  # the items' norms, which the shard's own gallery may not hold
+            threshold_sq = torch.zeros((rows.numel(), m), dtype=torch.float64, device=device)
+            threshold_sq[pair_rows[keep], slot[keep]] = gallery_sq[order][keep]
+        self.lower, self.upper = _key_brackets(problem, rows, self.distances, self.positions, symmetric, threshold_sq)
 
     def count_preceding(self, distances: Tensor, positions: Tensor, pair_rows: Tensor, kernels: Any) -> Tensor:
         """For items ``(distances, positions)`` of the rows ``pair_rows``: the number of the row's thresholds
@@ -107,12 +118,18 @@ def _row_major_order(pair_rows: Tensor, distances: Tensor) -> Tensor:
 
 
 def _key_brackets(
-    problem: Problem, rows: Tensor, distances: Tensor, positions: Tensor, symmetric: bool
+    problem: Problem,
+    rows: Tensor,
+    distances: Tensor,
+    positions: Tensor,
+    symmetric: bool,
+    threshold_sq: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Stage-1 key bounds ``(lower, upper)`` of the thresholds: an item whose key is certainly below ``lower``
     has a reported distance below the threshold's; certainly above ``upper``, above it.
 
-    ``symmetric``: for the keys of the set against itself (see :func:`_key_blocks`).
+    ``symmetric``: for the keys of the set against itself (see :func:`_key_blocks`). ``threshold_sq``: the
+    canonical squared norms of the thresholds' gallery items (default: looked up at ``positions``).
     The reported distance is the canonical float64 value rounded to the query dtype, so the bracket spans two
     of its ulps either side. The count compares keys within their rounding bound of the bracket; near a
     near-duplicate's threshold the bracket is widened by that bound once more, because the canonical distance
@@ -137,7 +154,9 @@ def _key_brackets(
         else:  # the squared distance minus |q|^2
             lower, upper = torch.where(low > 0, low - q_sq, -float("inf")), high - q_sq
         tol = key_tolerance(problem, rows, rounding_terms(problem.query.shape[1]))[:, None]
-        scale = q_sq + problem.gallery_sq64[positions.clamp(max=problem.gallery.shape[0] - 1)]
+        if threshold_sq is None:
+            threshold_sq = problem.gallery_sq64[positions.clamp(max=problem.gallery.shape[0] - 1)]
+        scale = q_sq + threshold_sq
         direct = d.square() < scale * 2.0**-9 if problem.distance == "euclidean" else d < scale * 2.0**-9
         lower, upper = lower - tol * direct, upper + tol * direct
     # monotone in the threshold's rank (the binary search needs it; the widening above may break it): widening
@@ -267,7 +286,7 @@ class _Counter:
         m = self.thresholds.distances.shape[1]
         if self.ambiguous_rows:
             pair_rows, pair_cols = torch.cat(self.ambiguous_rows), torch.cat(self.ambiguous_cols)
-            distances = canonical_distances(problem, rows, pair_rows, pair_cols).to(problem.query.dtype)
+            distances = canonical_distances(problem, rows, pair_rows, pair_cols).to(problem.dtype)
             bins = self.thresholds.count_preceding(
                 distances, pair_cols, pair_rows, self.kernels if self.compiled else None
             )

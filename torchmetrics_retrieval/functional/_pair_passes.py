@@ -26,7 +26,7 @@ from torchmetrics_retrieval.functional._pair_quantiles import PairBlock, PairBuc
 from torchmetrics_retrieval.functional._precision import ieee_sqrt
 from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional._search.key_blocks import KeyBlock, key_blocks, key_form
-from torchmetrics_retrieval.functional._search.problem import make_problem
+from torchmetrics_retrieval.functional._search.problem import Problem, make_problem
 from torchmetrics_retrieval.functional._sets import QueryGallery
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn, _label_match_compute
 
@@ -46,13 +46,21 @@ def _dense_label_ids(query_labels: Tensor, gallery_labels: Tensor) -> tuple[Tens
 
 
 class PairPasses:
-    """The pairs of ``qg`` under ``distance`` (see the module docstring)."""
+    """The pairs of ``qg`` under ``distance`` (see the module docstring). ``problem``: the prepared problem of
+    ``qg`` when the caller made it (a subclass that computes the key blocks itself, ``metrics._shard_pairs``)."""
 
     def __init__(
-        self, qg: QueryGallery, distance: str, label_comparison_fn: LabelComparisonFn | None, chunk_size: int | None
+        self,
+        qg: QueryGallery,
+        distance: str,
+        label_comparison_fn: LabelComparisonFn | None,
+        chunk_size: int | None,
+        problem: Problem | None = None,
     ) -> None:
         self.qg, self.label_comparison_fn, self.chunk_size = qg, label_comparison_fn, chunk_size
-        self.problem = make_problem(qg.query, qg.gallery, distance, qg.exclusions(), qg.same_set)
+        if problem is None:
+            problem = make_problem(qg.query, qg.gallery, distance, qg.exclusions(), qg.same_set)
+        self.problem = problem
         device, n_query = qg.query.device, qg.query.shape[0]
         self.rows = torch.arange(n_query, device=device)
         self.n_pairs = n_query * qg.gallery.shape[0]  # ordered pairs a pass reads (its progress bar's total)
@@ -63,8 +71,12 @@ class PairPasses:
         self.ids = None if label_comparison_fn is not None else _dense_label_ids(qg.query_labels, qg.gallery_labels)
         self.compiled = self.ids is not None and plan.use_compiled(device, n_query, qg.gallery.shape[0])
 
+    def _key_blocks(self) -> Iterator[KeyBlock]:
+        """The key blocks of every pair (rows and columns of the whole problem)."""
+        return key_blocks(self.problem, self.rows, self.chunk_size, self.problem.symmetric)
+
     def _blocks(self) -> Iterator[tuple[KeyBlock, Tensor | None]]:
-        for block in key_blocks(self.problem, self.rows, self.chunk_size, self.problem.symmetric):
+        for block in self._key_blocks():
             shape = (block.keys.shape[0], block.keys.shape[1])
             yield block, self.others.eligible(block.rows, block.cols, shape, self.rows.device)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Iterator
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -28,7 +28,18 @@ from torch import Tensor
 from torchmetrics_retrieval.functional._pair_rates import Counted, RateRequest, rates, wanted_buckets
 from torchmetrics_retrieval.functional._progress import section
 
-__all__ = ["N_BUCKETS", "Curve", "PairBlock", "PairBuckets", "PairSource", "Statistics", "curve", "statistics"]
+__all__ = [
+    "N_BUCKETS",
+    "Curve",
+    "PairBlock",
+    "PairBuckets",
+    "PairSource",
+    "PassTotals",
+    "Statistics",
+    "curve",
+    "merge_counted",
+    "statistics",
+]
 
 #: Number of histogram buckets of the first pass.
 N_BUCKETS = 2**16
@@ -45,6 +56,15 @@ class PairBlock(NamedTuple):
 
 
 PairSource = Callable[[], Iterator[PairBlock]]
+
+
+class PassTotals(Protocol):
+    """How the results of the two passes over a source that holds a part of the pairs become those of every
+    pair (``metrics._shard_pairs``: summed and merged over the processes)."""
+
+    def histograms(self, negative: Tensor, positive: Tensor) -> tuple[Tensor, Tensor]: ...
+
+    def collected(self, negatives: Counted, positives: Counted) -> tuple[Counted, Counted]: ...
 
 
 class PairBuckets(NamedTuple):
@@ -118,7 +138,8 @@ def _histograms(source: PairSource, buckets: PairBuckets) -> tuple[Tensor, Tenso
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-def _merge(parts: list[_Counts]) -> _Counts:
+def merge_counted(parts: list[_Counts]) -> _Counts:
+    """Distinct values (sorted) with multiplicities of several such lists (of disjoint or overlapping pairs)."""
     values = torch.cat([p.values for p in parts])
     counts = torch.cat([p.counts for p in parts])
     distinct, inverse = torch.unique(values, return_inverse=True)
@@ -138,10 +159,10 @@ class _Collector:
         self.parts.append(_Counts(distinct, counts))
         self.pending += distinct.numel()
         if self.pending > MERGE_EVERY:
-            self.parts, self.pending = [_merge(self.parts)], 0
+            self.parts, self.pending = [merge_counted(self.parts)], 0
 
     def result(self) -> _Counts:
-        return _merge(self.parts)
+        return merge_counted(self.parts)
 
 
 def _wanted_pairs(source: PairSource, buckets: PairBuckets, wanted_ids: Tensor) -> Iterator[tuple[Tensor, Tensor]]:
@@ -251,12 +272,16 @@ def statistics(
     fractions: tuple[float, ...],
     request: RateRequest | None,
     device: torch.device,
+    totals: PassTotals | None = None,
 ) -> Statistics:
     """The curve at ``fractions`` and the rates of ``request`` (EER, minDCF; see ``_pair_rates``), exact, from
-    two passes over ``source`` shared by all of them."""
+    two passes over ``source`` shared by all of them (``totals``: the source holds a part of the pairs, and
+    each pass's result becomes that of every pair through it)."""
     total = getattr(source, "n_pairs", None)
     with section("pairs, pass 1 of 2", total):
         negative_hist, positive_hist = _histograms(source, buckets)
+    if totals is not None:
+        negative_hist, positive_hist = totals.histograms(negative_hist, positive_hist)
     n_negative, n_positive = int(negative_hist.sum()), int(positive_hist.sum())
     reason = "there is no negative pair (every pair's labels match)" if n_negative == 0 else None
     if n_positive == 0:
@@ -279,6 +304,8 @@ def statistics(
         negative_wanted, positive_wanted = negative_wanted | whole, positive_wanted | whole
     with section("pairs, pass 2 of 2", total):
         negatives, positives = _collect(source, buckets, negative_wanted, positive_wanted)
+    if totals is not None:
+        negatives, positives = totals.collected(negatives, positives)
     found, points = (
         ({}, {}) if request is None else rates(negative_hist, positive_hist, negatives, positives, buckets.ids, request)
     )

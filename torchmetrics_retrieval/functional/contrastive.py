@@ -32,7 +32,7 @@ __all__ = ["contrastive_accuracy"]
 
 #: Side of a tile of the similarity matrix when ``chunk_size`` is not given (16 MiB in float32).
 DEFAULT_CHUNK = 2048
-#: Pairs whose similarity is recomputed in one piece (see ``_count_more_similar``).
+#: Pairs whose similarity is recomputed in one piece (see ``_count_above``).
 PAIR_PIECE = 2**15
 
 
@@ -55,44 +55,62 @@ def _prepare(z: Tensor, dtype: torch.dtype, normalize: bool, eps: float) -> Tens
     return torch.nn.functional.normalize(z, dim=1, eps=eps) if normalize else z
 
 
-def _pair_dots(a64: Tensor, b64: Tensor, i: Tensor, j: Tensor) -> Tensor:
-    """``<a64[i[p]], b64[j[p]]>`` for every listed pair, each computed on its own, in bounded pieces."""
-    return torch.cat(
-        [(a64[i[s : s + PAIR_PIECE]] * b64[j[s : s + PAIR_PIECE]]).sum(dim=1) for s in range(0, i.numel(), PAIR_PIECE)]
-    )
+def _pair_dots(a: Tensor, b: Tensor, i: Tensor, j: Tensor) -> Tensor:
+    """``<a[i[p]], b[j[p]]>`` in float64 for every listed pair, each computed on its own, in bounded pieces.
+
+    These are the canonical similarities: the rows are converted to float64 piece by piece (exactly), so no
+    float64 copy of ``a`` or ``b`` is held, and a pair's value does not depend on which other pairs are listed.
+    """
+    pieces = [
+        (a[i[s : s + PAIR_PIECE]].to(torch.float64) * b[j[s : s + PAIR_PIECE]].to(torch.float64)).sum(dim=1)
+        for s in range(0, i.numel(), PAIR_PIECE)
+    ]
+    return torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.float64, device=a.device)
+
+
+def _max_norm(x: Tensor) -> float:
+    """The largest L2 norm of the rows of ``x`` (in float64; 0 without rows)."""
+    return float(x.to(torch.float64).norm(dim=1).max()) if x.shape[0] else 0.0
+
+
+def _rounding_bound(d: int, dtype: torch.dtype, max_norm_a: float, max_norm_b: float) -> float:
+    """A bound on how far a fast similarity of two rows (a matmul in ``dtype`` over ``d`` columns) and a fast
+    partner value (the canonical one rounded to ``dtype``) can be from the canonical values, for any rows of
+    norms at most ``max_norm_a`` and ``max_norm_b``: valid for every subset of rows the maxima cover."""
+    return 2 * (d + 2) * torch.finfo(dtype).eps * max_norm_a * max_norm_b
 
 
 @ieee_float32_matmul()  # the rounding bound assumes IEEE float32 products
-def _count_more_similar(a: Tensor, b: Tensor, chunk: int) -> tuple[Tensor, Tensor]:
-    """For every i, how many candidates are strictly more similar than the partner, in each direction.
+def _count_above(
+    a: Tensor, b: Tensor, partner_a: Tensor, partner_b: Tensor, tol: float, chunk: int
+) -> tuple[Tensor, Tensor]:
+    """For rows ``a`` ``(R, D)`` and candidates ``b`` ``(C, D)``, how many are strictly more similar than a partner.
 
-    Returns ``(above_1, above_2)``, ``(N,)`` int64: ``above_1[i] = #{j : s(a[i], b[j]) > s(a[i], b[i])}``
-    and ``above_2[i] = #{j : s(b[i], a[j]) > s(b[i], a[i])}``.
+    Returns ``(above_a, above_b)``, int64: ``above_a[i] = #{j : s(a[i], b[j]) > partner_a[i]}`` and
+    ``above_b[j] = #{i : s(b[j], a[i]) > partner_b[j]}``, with ``partner_*`` the canonical (float64, from
+    :func:`_pair_dots`) similarity of each row to its partner and ``tol`` a :func:`_rounding_bound` covering
+    ``a``, ``b`` and the partners. Each ``(chunk, chunk)`` tile serves both: its rows and its columns.
 
     Tiles are computed by a fast matmul in the compute dtype. A candidate whose fast similarity is within
-    the matmul's rounding bound of the partner's is decided again on canonical values: the float64 dot
-    product of the two rows, computed pair by pair (products of float32 numbers are exact in float64). So
-    the counts do not depend on the tiling, and identical candidates always tie with the partner.
+    ``tol`` of the fast partner value is decided again on canonical values: the float64 dot product of the
+    two rows, computed pair by pair (products of float32 numbers are exact in float64). So the counts do not
+    depend on the tiling nor on which rows are counted together: counts over a split of the candidates add up
+    to the counts over all of them, and identical candidates always tie with the partner.
     """
-    n, d = a.shape
-    a64, b64 = a.to(torch.float64), b.to(torch.float64)
-    idx = torch.arange(n, device=a.device)
-    partner = _pair_dots(a64, b64, idx, idx)
-    fast_partner = partner.to(a.dtype)
-    eps = torch.finfo(a.dtype).eps
-    tol = 2 * (d + 2) * eps * float(a64.norm(dim=1).max()) * float(b64.norm(dim=1).max())
-    above_1 = torch.zeros(n, dtype=torch.int64, device=a.device)
-    above_2 = torch.zeros(n, dtype=torch.int64, device=a.device)
-    for r in range(0, n, chunk):
-        rows = slice(r, min(r + chunk, n))
-        for c in range(0, n, chunk):
-            cols = slice(c, min(c + chunk, n))
+    n_rows, n_cols = a.shape[0], b.shape[0]
+    fast_a, fast_b = partner_a.to(a.dtype), partner_b.to(a.dtype)
+    above_a = torch.zeros(n_rows, dtype=torch.int64, device=a.device)
+    above_b = torch.zeros(n_cols, dtype=torch.int64, device=a.device)
+    for r in range(0, n_rows, chunk):
+        rows = slice(r, min(r + chunk, n_rows))
+        for c in range(0, n_cols, chunk):
+            cols = slice(c, min(c + chunk, n_cols))
             sim = a[rows] @ b[cols].T
-            low_1, high_1 = (fast_partner[rows] - tol)[:, None], (fast_partner[rows] + tol)[:, None]
-            low_2, high_2 = (fast_partner[cols] - tol)[None, :], (fast_partner[cols] + tol)[None, :]
+            low_1, high_1 = (fast_a[rows] - tol)[:, None], (fast_a[rows] + tol)[:, None]
+            low_2, high_2 = (fast_b[cols] - tol)[None, :], (fast_b[cols] + tol)[None, :]
             sure_1, sure_2 = (sim > high_1).sum(dim=1), (sim > high_2).sum(dim=0)
-            above_1[rows] += sure_1
-            above_2[cols] += sure_2
+            above_a[rows] += sure_1
+            above_b[cols] += sure_2
             if not (
                 bool(((sim >= low_1).sum(dim=1) > sure_1).any()) or bool(((sim >= low_2).sum(dim=0) > sure_2).any())
             ):
@@ -102,10 +120,22 @@ def _count_more_similar(a: Tensor, b: Tensor, chunk: int) -> tuple[Tensor, Tenso
             i, j = torch.nonzero(near_1 | near_2, as_tuple=True)
             near_1, near_2 = near_1[i, j], near_2[i, j]
             i, j = i + r, j + c
-            exact = _pair_dots(a64, b64, i, j)
-            above_1.index_add_(0, i, (near_1 & (exact > partner[i])).long())
-            above_2.index_add_(0, j, (near_2 & (exact > partner[j])).long())
-    return above_1, above_2
+            exact = _pair_dots(a, b, i, j)
+            above_a.index_add_(0, i, (near_1 & (exact > partner_a[i])).long())
+            above_b.index_add_(0, j, (near_2 & (exact > partner_b[j])).long())
+    return above_a, above_b
+
+
+def _count_more_similar(a: Tensor, b: Tensor, chunk: int) -> tuple[Tensor, Tensor]:
+    """For every i, how many candidates are strictly more similar than the partner, in each direction.
+
+    Returns ``(above_1, above_2)``, ``(N,)`` int64: ``above_1[i] = #{j : s(a[i], b[j]) > s(a[i], b[i])}``
+    and ``above_2[i] = #{j : s(b[i], a[j]) > s(b[i], a[i])}`` (:func:`_count_above` of the set against itself).
+    """
+    idx = torch.arange(a.shape[0], device=a.device)
+    partner = _pair_dots(a, b, idx, idx)
+    tol = _rounding_bound(a.shape[1], a.dtype, _max_norm(a), _max_norm(b))
+    return _count_above(a, b, partner, partner, tol, chunk)
 
 
 @overload

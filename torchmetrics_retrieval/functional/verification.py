@@ -89,8 +89,18 @@ def _distance_bounds(query: Tensor, gallery: Tensor, distance: str) -> tuple[flo
     """Bounds of every distance by the Cauchy-Schwarz inequality (rounding may cross them: buckets clamp)."""
     if distance == "cosine":
         return 0.0, 2.0
-    q_max = float(query.to(torch.float64).norm(dim=1).max())
-    g_max = float(gallery.to(torch.float64).norm(dim=1).max())
+    return _bounds_of_norms(_largest_norm(query), _largest_norm(gallery), distance)
+
+
+def _largest_norm(rows: Tensor) -> float:
+    """The largest L2 norm of the rows, from float64."""
+    return float(rows.to(torch.float64).norm(dim=1).max())
+
+
+def _bounds_of_norms(q_max: float, g_max: float, distance: str) -> tuple[float, float]:
+    """:func:`_distance_bounds` from the largest query and gallery norms."""
+    if distance == "cosine":
+        return 0.0, 2.0
     if distance == "euclidean":
         return 0.0, q_max + g_max
     if distance == "sqeuclidean":
@@ -155,14 +165,20 @@ def pair_metrics(
     out: dict[str, Tensor] = {}
     if fmr_vals or request.eer or request.p_targets:
         found = _pair_statistics(qg, fmr_vals, request, distance, label_comparison_fn, chunk_size)
-        fnmr = found.curve.fnmr.to(torch.float32)
-        out.update({f"fnmr@fmr/{f}": fnmr[i] for i, f in enumerate(fmr_vals)})
-        out.update({f"tar@far/{f}": 1 - fnmr[i] for i, f in enumerate(fmr_vals)})
-        out.update({key: value.to(torch.float32) for key, value in found.rates.items()})
+        out.update(statistics_keys(found, fmr_vals))
     if roc_auc:
         from torchmetrics_retrieval.functional._pair_auc import roc_auc_of_pairs
 
         out["roc_auc"] = roc_auc_of_pairs(qg, distance, label_comparison_fn, chunk_size).to(torch.float32)
+    return out
+
+
+def statistics_keys(found: Statistics, fmr_vals: tuple[float, ...]) -> dict[str, Tensor]:
+    """``fnmr@fmr/{f}``, ``tar@far/{f}``, ``eer`` and ``min_dcf/{p}`` (float32, 0-dim) of the passes' statistics."""
+    fnmr = found.curve.fnmr.to(torch.float32)
+    out = {f"fnmr@fmr/{f}": fnmr[i] for i, f in enumerate(fmr_vals)}
+    out.update({f"tar@far/{f}": 1 - fnmr[i] for i, f in enumerate(fmr_vals)})
+    out.update({key: value.to(torch.float32) for key, value in found.rates.items()})
     return out
 
 

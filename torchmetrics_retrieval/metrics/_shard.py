@@ -8,8 +8,11 @@ the exact engine (canonical distances, global positions), and the top-K candidat
 merge them by (distance, position) — the order of one exact search over the whole set. The per-query values are
 gathered (a few numbers per query) and reduced as on one process, so every key is identical to it.
 
-What needs more than the top K of each query — MRR beyond K, full MAP, mINP, the pair metrics, PCF, clustering —
-is not sharded yet: with any of them ``compute`` gathers the embeddings as ``distributed="gather"`` does.
+MRR beyond K, full MAP and mINP need the rank of relevant items in each query's whole ranking: the items before
+each one are counted shard by shard, in the same rounds of visiting queries, and summed (``_shard_full_ranking``).
+FNMR@FMR, EER and minDCF share out the tiles of pair distances one process computes (``_shard_pairs``). ROC AUC,
+PCF and clustering are not sharded: with any of them ``compute`` gathers the embeddings as ``distributed="gather"``
+does.
 """
 
 from __future__ import annotations
@@ -22,29 +25,64 @@ import torch.distributed as dist
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._options import RetrievalOptions
-from torchmetrics_retrieval.functional._per_query import RetrievalResult, _ranking_values, search_depth
+from torchmetrics_retrieval.functional._pair_rates import RateRequest
+from torchmetrics_retrieval.functional._per_query import (
+    RetrievalResult,
+    _full_ranking_values,
+    _mrr,
+    _ranking_values,
+    count_relevant,
+    search_depth,
+)
 from torchmetrics_retrieval.functional._search.problem import make_problem
 from torchmetrics_retrieval.functional._search.types import Exclusions
-from torchmetrics_retrieval.functional._sets import split_query_gallery
+from torchmetrics_retrieval.functional._sets import QueryGallery, split_query_gallery
 from torchmetrics_retrieval.functional.identification import _dir_at_fpir_compute
 from torchmetrics_retrieval.functional.reduction import _apply_empty_target_action_compute
-from torchmetrics_retrieval.functional.relevance import _count_relevant_compute, _relevance_matrix_compute
+from torchmetrics_retrieval.functional.relevance import _relevance_matrix_compute
 from torchmetrics_retrieval.functional.retrieval import reduce_per_query
+from torchmetrics_retrieval.metrics._shard_full_ranking import ShardedRanks
 from torchmetrics_retrieval.metrics._shard_search import gather, one_sided_top_k, symmetric_fits, symmetric_top_k
 from torchmetrics_retrieval.metrics._state import _concat, _layout, _templates, deduplicate, upcast_half
 
-__all__ = ["shardable", "sharded_compute"]
+__all__ = [
+    "check_rows",
+    "global_problem",
+    "global_rows",
+    "runs_sharded",
+    "shardable",
+    "sharded_compute",
+    "sharded_ranking",
+]
 
 
 def shardable(options: RetrievalOptions) -> bool:
-    """Whether every requested metric is computed from each query's top K (the sharded path)."""
-    full = options.mrr or options.map_full or options.minp
-    return not (full or options.needs_pairs or options.pcf_variance or options.clustering)
+    """Whether the sharded path computes every requested metric (from each query's top K and full-ranking ranks,
+    and the pair passes of FNMR@FMR, EER and minDCF, ``_shard_pairs``)."""
+    return not (options.roc_auc or options.pcf_variance or options.clustering)
 
 
-def _global_rows(metric: Any, group: Any) -> tuple[Tensor, dict[str, Tensor | None], Tensor, Tensor, Tensor | None]:
-    """The local embeddings; the small fields of the de-duplicated global set, each row's owner rank and local
-    row, and its indexes."""
+def runs_sharded(metric: Any, distributed: str, sharded_values: bool) -> bool:
+    """Whether ``metric.compute`` runs sharded: ``distributed="shard"``, syncing on compute, several processes
+    in its group, and ``sharded_values``: the sharded path computes every requested value (for the retrieval
+    metrics, :func:`shardable` of their options)."""
+    return (
+        sharded_values
+        and distributed == "shard"
+        and metric._to_sync
+        and dist.is_available()
+        and dist.is_initialized()
+        and dist.get_world_size(metric.process_group) > 1
+    )
+
+
+def global_rows(metric: Any, group: Any) -> tuple[Tensor, dict[str, Tensor | None], Tensor, Tensor, Tensor | None]:
+    """``(local embeddings, small fields, owner, row, indexes)``: the samples of a :class:`SampleAccumulator` (its
+    first field the embeddings) as one de-duplicated global set: the small fields of every sample by field
+    name (every field but those of kind ``embeddings``, which stay local), the rank that holds each sample and
+    its row there, and the dataset indexes (None without them)."""
+    embeddings_name = metric._fields[0].name
+    index_name = next((spec.name for spec in metric._fields if spec.kind == "indexes"), None)
     local = {spec.name: _concat(getattr(metric, spec.name)) for spec in metric._fields}
     layouts = gather(_layout(local, metric._fields, metric.device), group)
     templates = _templates(torch.stack([layout.to(metric.device) for layout in layouts]), metric._fields)
@@ -52,60 +90,80 @@ def _global_rows(metric: Any, group: Any) -> tuple[Tensor, dict[str, Tensor | No
         template = templates[spec.name]
         if local[spec.name] is None and template is not None:
             local[spec.name] = torch.zeros((0, *template[1:]), dtype=template[0], device=metric.device)
-    if templates["embeddings"] is None:
+    if templates[embeddings_name] is None:
         raise ValueError(
             f"{metric.__class__.__name__}.compute() needs at least one sample, got none: call update() with a "
             "non-empty batch first (on at least one process)."
         )
-    n_local = local["embeddings"].shape[0]  # type: ignore[union-attr]
+    n_local = local[embeddings_name].shape[0]  # type: ignore[union-attr]
     counts = gather(torch.tensor([n_local], device=metric.device), group)
     owner = torch.cat([torch.full((int(c),), r, device=metric.device) for r, c in enumerate(counts)])
     row = torch.cat([torch.arange(int(c), device=metric.device) for c in counts])
     small = {
-        name: None if value is None else torch.cat(gather(value, group))
-        for name, value in local.items()
-        if name != "embeddings"
+        spec.name: None if local[spec.name] is None else torch.cat(gather(local[spec.name], group))  # type: ignore[arg-type]
+        for spec in metric._fields
+        if spec.kind != "embeddings"
     }
-    indexes = small.pop("indexes", None)
+    indexes = small.pop(index_name) if index_name is not None else None
     small.update(_owner=owner, _row=row)
     if indexes is not None:
         small, indexes = deduplicate(small, indexes)
-    embeddings = upcast_half(local["embeddings"])  # type: ignore[arg-type]
+    embeddings = upcast_half(local[embeddings_name])  # type: ignore[arg-type]
     return embeddings, small, small.pop("_owner"), small.pop("_row"), indexes  # type: ignore[return-value]
 
 
-def _check_rows(local: Tensor, distance: str, group: Any) -> None:
+def check_rows(local: Tensor, distance: str, group: Any, name: str = "embeddings") -> None:
     """The engine's checks of the rows (norms within float32 keys, no zero row for cosine), on every rank at
     once: a rank that found a bad row must not leave the others waiting in the next collective."""
     message = ""
     try:
-        make_problem(local, local, distance, Exclusions(None, None, None), same_set=True, names=("embeddings", ""))
+        make_problem(local, local, distance, Exclusions(None, None, None), same_set=True, names=(name, ""))
     except ValueError as error:
         message = str(error)
     flags = torch.tensor([len(message) > 0], dtype=torch.long, device=local.device)
     dist.all_reduce(flags, group=group)
     if int(flags):
-        raise ValueError(message or f"`embeddings` of {int(flags)} other process(es) failed the checks of the rows.")
+        raise ValueError(message or f"`{name}` of {int(flags)} other process(es) failed the checks of the rows.")
 
 
-def sharded_compute(metric: Any, group: Any) -> tuple[dict[str, Tensor], RetrievalResult, Tensor | None]:
-    """``(metrics, per-query result, sample indexes)`` of an ``EmbeddingMetrics`` whose ranks keep their samples."""
-    options: RetrievalOptions = metric.options
-    local, small, owner, row, indexes = _global_rows(metric, group)
-    _check_rows(local, options.distance, group)
-    if options.normalize:  # row by row: the same values as normalising the gathered set
-        local = torch.nn.functional.normalize(local, dim=1)
-    n = owner.numel()
+def global_problem(
+    metric: Any, group: Any, distance: str
+) -> tuple[QueryGallery, Tensor, Tensor, Tensor, Tensor | None]:
+    """``(qg, local, owner, row, indexes)`` of a metric with ``embeddings``, ``labels`` and the optional fields of
+    ``EmbeddingMetrics``: :func:`global_rows`, the local rows checked on every rank, and the global set split
+    into queries and gallery by its small fields (``qg``'s embeddings are placeholders, its positions global)."""
+    local, small, owner, row, indexes = global_rows(metric, group)
+    check_rows(local, distance, group)
     labels = small.pop("labels")
     assert labels is not None
-    placeholder = local.new_zeros((1, 1)).expand(n, 1)  # the checks and the split need no embedding
+    placeholder = local.new_zeros((1, 1)).expand(owner.numel(), 1)  # the split needs no embedding
     qg = split_query_gallery(placeholder, labels, **{k: v for k, v in small.items() if v is not None})
-    n_relevant = _count_relevant_compute(
-        qg.query_labels, qg.gallery_labels, qg.self_index, qg.sequence_ids, qg.search_groups,
-        options.label_comparison_fn, qg.camera_labels,
-    )  # fmt: skip
-    n_query, n_gallery, device = qg.query.shape[0], qg.gallery.shape[0], local.device
-    n_candidates = qg.exclusions().count_eligible(n_query, n_gallery, device)
+    return qg, local, owner, row, indexes
+
+
+def sharded_compute(metric: Any, group: Any) -> tuple[dict[str, Tensor], RetrievalResult | None, Tensor | None]:
+    """``(metrics, per-query result, sample indexes)`` of an ``EmbeddingMetrics`` whose ranks keep their samples."""
+    options: RetrievalOptions = metric.options
+    qg, local, owner, row, indexes = global_problem(metric, group, options.distance)
+    if options.normalize:  # row by row: the same values as normalising the gathered set
+        local = torch.nn.functional.normalize(local, dim=1)
+    metrics, result = sharded_ranking(qg, local, owner, row, options, group) if options.needs_ranking else ({}, None)
+    from torchmetrics_retrieval.metrics._shard_pairs import sharded_pair_metrics
+
+    request = RateRequest(options.eer, options.min_dcf_p_target, options.dcf_costs)
+    pairs = (options.fmr_vals, request, options.distance, options.label_comparison_fn, options.chunk_size)
+    metrics.update(sharded_pair_metrics(qg, local, owner, row, group, *pairs))
+    return metrics, result, indexes
+
+
+def sharded_ranking(
+    qg: QueryGallery, local: Tensor, owner: Tensor, row: Tensor, options: RetrievalOptions, group: Any
+) -> tuple[dict[str, Tensor], RetrievalResult]:
+    """The ranking metrics and per-query result of a problem over the global set (``qg``, whose positions are
+    global rows; the embeddings as placeholders) whose rows ``owner`` holds as its ``local`` row ``row``."""
+    n_relevant = count_relevant(qg, options)
+    n_query, n_gallery = qg.query.shape[0], qg.gallery.shape[0]
+    n_candidates = qg.exclusions().count_eligible(n_query, n_gallery, local.device)
     k = min(search_depth(options, n_relevant), n_gallery)
     search = symmetric_top_k if symmetric_fits(qg, owner, k, options) else one_sided_top_k
     rows, distances, items, valid = search(qg, local, owner, row, options, k, group)
@@ -113,6 +171,12 @@ def sharded_compute(metric: Any, group: Any) -> tuple[dict[str, Tensor], Retriev
         qg.query_labels[rows], qg.gallery_labels, items.clamp(max=n_gallery - 1), valid, options.label_comparison_fn
     )
     values = _ranking_values(options, hits, n_relevant[rows], n_candidates[rows])
+    if options.mrr or options.map_full or options.minp:  # ranks in the full ranking: counts summed over shards
+        ranks = ShardedRanks(qg, local, owner, row, options, group, n_relevant, rows)
+        if options.mrr:
+            values["mrr"] = _mrr(qg, options, values["mrr"], n_relevant[rows], ranks)
+        if options.map_full or options.minp:
+            values.update(_full_ranking_values(qg, options, n_relevant[rows], ranks))
     table = {"_rows": rows, "_d": distances, "_i": items, "_v": valid, "_h": hits, **values}
     gathered = {key: torch.cat(gather(value, group)) for key, value in table.items()}
     order = torch.argsort(gathered.pop("_rows"))
@@ -135,4 +199,4 @@ def sharded_compute(metric: Any, group: Any) -> tuple[dict[str, Tensor], Retriev
     if options.fpir_vals:
         nearest = distances[:, 0].masked_fill(~valid[:, 0], math.inf)
         metrics.update(_dir_at_fpir_compute(nearest, hits[:, 0] & valid[:, 0], n_relevant, options.fpir_vals))
-    return metrics, result, indexes
+    return metrics, result

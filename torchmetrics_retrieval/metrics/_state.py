@@ -90,11 +90,31 @@ class SampleAccumulator(Metric):
     """
 
     _fields: tuple[FieldSpec, ...] = ()
+    #: ``"shard"``: under DDP ``compute`` keeps each process's samples where they are (a subclass that supports
+    #: it sets this from its ``distributed`` argument and computes the sharded values in its ``compute``).
+    distributed: str = "gather"
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         for spec in self._fields:
             self.add_state(spec.name, default=[], dist_reduce_fx="cat")
+
+    # ---- sharded mode -------------------------------------------------------------------------------------------
+
+    def _sharded_values(self) -> bool:
+        """Whether the sharded path computes every value this metric was asked for."""
+        return False
+
+    def _sharding(self) -> bool:
+        """Whether ``compute`` runs sharded (``metrics._shard.runs_sharded``)."""
+        from torchmetrics_retrieval.metrics._shard import runs_sharded
+
+        return runs_sharded(self, self.distributed, self._sharded_values())
+
+    def sync(self, *args: Any, **kwargs: Any) -> None:
+        """torchmetrics' gather of the states, skipped in sharded mode (each process keeps its own samples)."""
+        if not self._sharding():
+            super().sync(*args, **kwargs)
 
     # ---- update -------------------------------------------------------------------------------------------------
 

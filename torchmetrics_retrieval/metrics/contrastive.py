@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._checks import check_positive_int, check_top_k, describe
+from torchmetrics_retrieval.functional._checks import check_choice, check_positive_int, check_top_k, describe
 from torchmetrics_retrieval.functional.contrastive import contrastive_accuracy
 from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator, cast_like_first
 
@@ -27,10 +27,10 @@ def _check_eps(eps: Any) -> float:
 class ContrastiveAccuracy(SampleAccumulator):
     r"""Top-k contrastive accuracy of paired views ``(z1[i], z2[i])``, in both directions, over every sample.
 
-    ``update`` stores the two views of a batch; ``compute`` gathers them across processes (both views the
-    same way, so pairs stay paired), drops ``DistributedSampler``'s duplicates when ``indexes`` are given,
-    and calls :func:`~torchmetrics_retrieval.functional.contrastive.contrastive_accuracy` once: the
-    candidates of a sample are the other view of *every* accumulated sample, not only of its batch.
+    ``update`` stores the two views of a batch; ``compute`` scores every accumulated pair of every process, as
+    :func:`~torchmetrics_retrieval.functional.contrastive.contrastive_accuracy` does on all of them at once
+    (``DistributedSampler``'s duplicates dropped when ``indexes`` are given): the candidates of a sample are
+    the other view of *every* accumulated sample, not only of its batch.
 
     .. math::
         \mathrm{acc}_k = \frac{1}{2N} \sum_i \Big( [\#\{j : s(z_1^i, z_2^j) > s(z_1^i, z_2^i)\} < k]
@@ -46,6 +46,15 @@ class ContrastiveAccuracy(SampleAccumulator):
         normalize: L2-normalise the rows first (cosine similarity).
         eps: lower bound of the norm in the normalisation (>= 0).
         chunk_size: side of a tile of the similarity matrix (None: the functional's default).
+        distributed: under DDP, ``"shard"`` (default): each process keeps its own pairs. Only the dataset
+            indexes are gathered (to drop duplicates and know which process owns each pair); then, in rounds,
+            every process's next block of ``z1`` rows (with each row's similarity to its partner) is
+            all-gathered, every process counts the candidates more similar than the partner among its own pairs,
+            in both directions (each similarity is computed once, on one process), and the counts are summed
+            across processes. Memory per process: its own pairs, one visiting block (at most 4096 rows of each
+            process) and a ``chunk_size`` tile. ``"gather"``: every process gathers both views of every pair
+            and computes everything (torchmetrics' usual way). Both give the value of one process, exactly; one
+            process: no difference.
         kwargs: torchmetrics' options (``compute_on_cpu``, ``sync_on_compute``, ``process_group``, ...);
             any other keyword is an error.
 
@@ -79,6 +88,7 @@ class ContrastiveAccuracy(SampleAccumulator):
         normalize: bool = True,
         eps: float = 1e-12,
         chunk_size: int | None = None,
+        distributed: Literal["shard", "gather"] = "shard",
         **kwargs: Any,
     ) -> None:
         single = isinstance(top_k, int) and not isinstance(top_k, bool)
@@ -88,11 +98,13 @@ class ContrastiveAccuracy(SampleAccumulator):
         eps = _check_eps(eps)
         if chunk_size is not None:
             check_positive_int("chunk_size", chunk_size)
+        check_choice("distributed", distributed, ("shard", "gather"))
         super().__init__(**kwargs)
         self.top_k: int | tuple[int, ...] = ks[0] if single else ks
         self.normalize = normalize
         self.eps = eps
         self.chunk_size = chunk_size
+        self.distributed = distributed
 
     def update(self, z1: Tensor, z2: Tensor, indexes: Tensor | None = None) -> None:
         """Store a batch of pairs (nothing is stored if a check fails; a batch of zero rows is a no-op).
@@ -120,6 +132,19 @@ class ContrastiveAccuracy(SampleAccumulator):
         cast_like_first(batch, "z1", self.z1)
         cast_like_first(batch, "z2", self.z2)
         return batch
+
+    # ---- sharded mode -------------------------------------------------------------------------------------------
+
+    def _sharded_values(self) -> bool:
+        return True
+
+    def compute(self) -> Tensor | dict[str, Tensor]:
+        """The accuracy over every pair of every process (sharded or gathered, identical values)."""
+        if not self._sharding():
+            return cast(Tensor | dict[str, Tensor], super().compute())
+        from torchmetrics_retrieval.metrics._shard_contrastive import sharded_contrastive
+
+        return sharded_contrastive(self, self.process_group)
 
     def _compute_samples(self, fields: dict[str, Tensor | None], indexes: Tensor | None) -> Tensor | dict[str, Tensor]:
         z1, z2 = cast(Tensor, fields["z1"]), cast(Tensor, fields["z2"])

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any, cast
+from typing import Any, Literal, cast
 
-import torch  # noqa: F401  (the examples of the docstrings run with this module's globals)
+import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-from torchmetrics_retrieval.functional._checks import describe
+from torchmetrics_retrieval.functional._checks import check_choice, describe
+from torchmetrics_retrieval.functional._cross_modal import stacked_cross_modal_metrics
 from torchmetrics_retrieval.functional._options import option_fields
-from torchmetrics_retrieval.functional.retrieval import RetrievalOptions, evaluate
+from torchmetrics_retrieval.functional.retrieval import RetrievalOptions
 from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator, upcast_half, validate_batch
 
 __all__ = ["CrossModalRetrieval"]
@@ -42,6 +43,24 @@ class _Side(SampleAccumulator):
         return upcast_half(cast(Tensor, fields[f"embeddings_{self.side}"])), cast(Tensor, fields[f"ids_{self.side}"])
 
 
+def missing_side(error: ValueError, name: str) -> ValueError:
+    """The error to raise for ``error``, raised by the samples of side ``name``: it says so when no process has
+    any sample of that side (and is ``error`` itself otherwise)."""
+    if "needs at least one sample" not in str(error):
+        return error
+    return ValueError(
+        f"CrossModalRetrieval.compute() needs samples of both sides, got none of side {name} (on any process)."
+    )
+
+
+def check_same_dimension(embeddings_a: Tensor, embeddings_b: Tensor) -> None:
+    if embeddings_a.shape[1] != embeddings_b.shape[1]:
+        raise ValueError(
+            f"`embeddings_a` and `embeddings_b` must have the same dimension, got {embeddings_a.shape[1]} and "
+            f"{embeddings_b.shape[1]}."
+        )
+
+
 class CrossModalRetrieval(Metric):
     r"""Every ranking metric of ``EmbeddingMetrics`` between two sets A and B, in both directions.
 
@@ -51,11 +70,17 @@ class CrossModalRetrieval(Metric):
     "text retrieval recall@k" is ``a_to_b/cmc/{k}`` and "image retrieval recall@k" is ``b_to_a/cmc/{k}``.
 
     A batch may hold either side or both (``update(embeddings_a=..., ids_a=...)``, ``update(embeddings_b=...,
-    ids_b=...)``). Under DDP both sides are gathered and, with ``indexes_a`` / ``indexes_b``, de-duplicated and
-    ordered by index as in ``EmbeddingMetrics`` (ties then never depend on the number of processes).
+    ids_b=...)``). Under DDP, with ``indexes_a`` / ``indexes_b``, both sides are de-duplicated and ordered by
+    index as in ``EmbeddingMetrics`` (ties then never depend on the number of processes).
+
+    On one process, both directions come from one search: each A-B distance is computed once and serves both.
 
     Args:
         prefix: string put before every key.
+        distributed: under DDP, ``"shard"`` (default): each process keeps its own samples of both sides; only
+            ids and indexes are gathered, and blocks of queries visit every process's shard of the other side.
+            ``"gather"``: every process gathers both sides and computes everything. Identical values. With a
+            metric beyond the ranking (pair metrics, PCF, clustering), the sides are gathered.
         kwargs: the retrieval options (the fields of ``RetrievalOptions``); the defaults differ in
             ``cmc_top_k=(1, 5, 10)``, ``precision_top_k=()``, ``map_top_k=()`` and ``distance="cosine"``. Any
             other keyword goes to torchmetrics (``process_group``, ``dist_sync_fn``, ...).
@@ -74,13 +99,14 @@ class CrossModalRetrieval(Metric):
     higher_is_better = True
     full_state_update = False
 
-    def __init__(self, *, prefix: str = "", **kwargs: Any) -> None:
+    def __init__(self, *, prefix: str = "", distributed: Literal["shard", "gather"] = "shard", **kwargs: Any) -> None:
         given = {name: kwargs.pop(name) for name in _OPTION_NAMES & kwargs.keys()}
         options = RetrievalOptions.create(**{**_DEFAULTS, **given})
         if not isinstance(prefix, str):
             raise TypeError(f"`prefix` must be a str, got {describe(prefix)}.")
+        check_choice("distributed", distributed, ("shard", "gather"))
         super().__init__(**kwargs)
-        self.options, self.prefix = options, prefix
+        self.options, self.prefix, self.distributed = options, prefix, distributed
         self.side_a, self.side_b = _Side("a", **kwargs), _Side("b", **kwargs)
 
     def update(
@@ -125,35 +151,38 @@ class CrossModalRetrieval(Metric):
             side.update(batch)
 
     def compute(self) -> dict[str, Tensor]:
-        """Both directions' metrics over every accumulated (and gathered) sample."""
+        """Both directions' metrics over every accumulated sample of every process (sharded or gathered)."""
+        from torchmetrics_retrieval.metrics._shard import runs_sharded, shardable
+
+        # the pair metrics of each direction are not sharded here: they gather
+        if runs_sharded(self, self.distributed, shardable(self.options) and not self.options.needs_pairs):
+            from torchmetrics_retrieval.metrics._shard_cross_modal import sharded_cross_modal
+
+            return self._keyed(sharded_cross_modal(self, self.process_group))
         embeddings_a, ids_a = self._side_samples(self.side_a, "A")
         embeddings_b, ids_b = self._side_samples(self.side_b, "B")
-        if embeddings_a.shape[1] != embeddings_b.shape[1]:
-            raise ValueError(
-                f"`embeddings_a` and `embeddings_b` must have the same dimension, got {embeddings_a.shape[1]} and "
-                f"{embeddings_b.shape[1]}."
-            )
-        metrics: dict[str, Tensor] = {}
-        for direction, query, query_ids, gallery, gallery_ids in (
-            ("a_to_b", embeddings_a, ids_a, embeddings_b, ids_b),
-            ("b_to_a", embeddings_b, ids_b, embeddings_a, ids_a),
-        ):
-            values, _ = evaluate(query, query_ids, gallery, gallery_ids, self.options, keep_neighbours=False)
-            metrics.update({f"{self.prefix}{direction}/{key}": value for key, value in values.items()})
-        return metrics
+        check_same_dimension(embeddings_a, embeddings_b)
+        stacked = torch.cat([embeddings_a, embeddings_b])  # the one copy of both sides the evaluation holds
+        del embeddings_a, embeddings_b
+        return self._keyed(stacked_cross_modal_metrics(stacked, ids_a, ids_b, self.options))
+
+    def _keyed(self, both: dict[str, dict[str, Tensor]]) -> dict[str, Tensor]:
+        return {
+            f"{self.prefix}{direction}/{key}": value
+            for direction, values in both.items()
+            for key, value in values.items()
+        }
 
     @staticmethod
     def _side_samples(side: _Side, name: str) -> tuple[Tensor, Tensor]:
         try:
             with warnings.catch_warnings():  # a side another process fed is fine; one nobody fed raises below
                 warnings.filterwarnings("ignore", message=".*was called before the ``update`` method.*")
-                return cast(tuple[Tensor, Tensor], side.compute())
+                samples = cast(tuple[Tensor, Tensor], side.compute())
+            side._computed = None  # torchmetrics keeps a computed value: here, a copy of the side's embeddings
+            return samples
         except ValueError as error:
-            if "needs at least one sample" not in str(error):
-                raise
-            raise ValueError(
-                f"CrossModalRetrieval.compute() needs samples of both sides, got none of side {name} (on any process)."
-            ) from None
+            raise missing_side(error, name) from None
 
     @property
     def metric_state(self) -> dict[str, Any]:

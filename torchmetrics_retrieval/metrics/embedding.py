@@ -52,10 +52,10 @@ class EmbeddingMetrics(SampleAccumulator):
             processes, so each process holds its own embeddings plus one visiting block. A set searched against
             itself has each pair of samples computed once, on one process: every process does 1/P of the search.
             ``"gather"``: every process gathers every sample and computes everything (torchmetrics' usual way).
-            Both give identical values. Sharding covers the metrics computed from each query's top K (the
-            cutoff metrics, MAP@R, R-precision, ``dir@fpir``, with categories, per-class keys and intervals);
-            with ``mrr``, ``map_full``, ``minp``, a pair metric, ``pcf_variance`` or ``clustering`` the samples
-            are gathered.
+            Both give identical values. Sharding covers the ranking metrics (with categories, per-class keys
+            and intervals), the full-ranking ones (``mrr``, ``map_full``, ``minp``) and the pair metrics
+            ``fmr_vals``, ``eer`` and ``min_dcf_p_target``; with ``roc_auc``, ``pcf_variance`` or
+            ``clustering`` the samples are gathered.
             One process: no difference.
         kwargs: the retrieval options, the fields of
             :class:`~torchmetrics_retrieval.functional.RetrievalOptions` (defaults and checks there):
@@ -177,25 +177,10 @@ class EmbeddingMetrics(SampleAccumulator):
 
     # ---- sharded mode -------------------------------------------------------------------------------------------
 
-    def _sharding(self) -> bool:
-        """Whether ``compute`` runs sharded: several processes, ``distributed="shard"``, syncing on compute, and
-        only metrics computed from each query's top K (see ``metrics._shard``)."""
+    def _sharded_values(self) -> bool:
         from torchmetrics_retrieval.metrics._shard import shardable
 
-        group = self.process_group
-        return (
-            self.distributed == "shard"
-            and self._to_sync
-            and torch.distributed.is_available()
-            and torch.distributed.is_initialized()
-            and torch.distributed.get_world_size(group) > 1
-            and shardable(self.options)
-        )
-
-    def sync(self, *args: Any, **kwargs: Any) -> None:
-        """torchmetrics' gather of the states, skipped in sharded mode (each process keeps its own samples)."""
-        if not self._sharding():
-            super().sync(*args, **kwargs)
+        return shardable(self.options)
 
     def compute(self) -> dict[str, Tensor]:
         """The metrics of every sample of every process (sharded or gathered, identical values)."""

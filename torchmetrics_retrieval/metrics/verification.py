@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._checks import check_fractions
+from torchmetrics_retrieval.functional._checks import check_choice, check_fractions
 from torchmetrics_retrieval.functional._options import check_option
 from torchmetrics_retrieval.functional._pair_rates import RateRequest
 from torchmetrics_retrieval.functional._progress import shown
@@ -31,7 +31,8 @@ class FNMRAtFMR(SampleAccumulator):
 
     ``update`` stores the embeddings, labels and optional per-sample fields of a batch; ``compute``
     gathers them across processes, drops the duplicates that ``DistributedSampler`` adds (when ``indexes``
-    are given) and calls :func:`~torchmetrics_retrieval.functional.verification.fnmr_at_fmr` once.
+    are given) and calls :func:`~torchmetrics_retrieval.functional.verification.fnmr_at_fmr` once (under DDP with
+    ``distributed="shard"``, only the small fields are gathered: the embeddings stay where they are, same values).
 
     Pairs (see docs/definitions.md): every ordered pair ``(q, g)`` of a query ``q`` and an item ``g`` of its
     gallery ``G(q)`` (``q`` itself, its sequence and other search groups left out); positive when the labels
@@ -57,6 +58,12 @@ class FNMRAtFMR(SampleAccumulator):
             (must be picklable to pickle or clone the metric).
         chunk_size: largest side of a block of the distance matrix (None: from a memory budget).
         progress: progress bars (tqdm, on stderr) on the passes of ``compute`` that take more than a second.
+        distributed: under DDP, ``"shard"`` (default): each process keeps its own samples; only the small fields
+            (labels, ids, dataset indexes) are gathered and the passes over the pairs move blocks of rows
+            between processes (each pair computed on one process, the histograms summed), with the values of
+            one process. ``"gather"``: every process gathers every sample and computes everything. ``roc_auc``
+            is not sharded: with it ``compute`` gathers. ``operating_points``, ``det_curve`` and ``plot_curve``
+            always gather.
         kwargs: torchmetrics' options (``compute_on_cpu``, ``sync_on_compute``, ``process_group``, ...);
             any other keyword is an error.
 
@@ -104,9 +111,11 @@ class FNMRAtFMR(SampleAccumulator):
         label_comparison_fn: LabelComparisonFn | None = None,
         chunk_size: int | None = None,
         progress: bool = False,
+        distributed: Literal["shard", "gather"] = "shard",
         **kwargs: Any,
     ) -> None:
         self.progress = check_option("progress", progress)
+        check_choice("distributed", distributed, ("shard", "gather"))
         self.eer = check_option("eer", eer)
         self.min_dcf_p_target = check_option("min_dcf_p_target", min_dcf_p_target)
         self.dcf_costs = check_option("dcf_costs", dcf_costs)
@@ -122,6 +131,8 @@ class FNMRAtFMR(SampleAccumulator):
         self.distance: Distance = distance
         self.label_comparison_fn = label_comparison_fn
         self.chunk_size = chunk_size
+        self.distributed = distributed
+        self._gather_always = False  # set while operating_points / det_curve gather the states
 
     def update(
         self,
@@ -174,6 +185,31 @@ class FNMRAtFMR(SampleAccumulator):
         options.update(distance=self.distance, label_comparison_fn=self.label_comparison_fn, chunk_size=self.chunk_size)
         return embeddings, cast(Tensor, fields["labels"]), options
 
+    # ---- sharded mode -------------------------------------------------------------------------------------------
+
+    def _sharded_values(self) -> bool:
+        """No ``roc_auc`` (see ``metrics._shard_pairs``), and not while a curve gathers the states."""
+        return not (self.roc_auc or self._gather_always)
+
+    def compute(self) -> dict[str, Tensor]:
+        """The values over every sample of every process (sharded or gathered, identical values)."""
+        if not self._sharding():
+            return cast(dict[str, Tensor], super().compute())
+        from torchmetrics_retrieval.metrics._shard_pairs import sharded_pair_compute
+
+        request = RateRequest(self.eer, self.min_dcf_p_target, self.dcf_costs)
+        options = (self.distance, self.label_comparison_fn, self.chunk_size)
+        with shown(self.progress):
+            return sharded_pair_compute(self, self.process_group, self.fmr_vals, request, *options)
+
+    def _gathered_fields(self) -> dict[str, Tensor | None]:
+        """The samples of every process (gathered whatever ``distributed`` says)."""
+        self._gather_always = True
+        try:
+            return on_gathered_states(self, self._collect)[0]
+        finally:
+            self._gather_always = False
+
     def _compute_samples(self, fields: dict[str, Tensor | None], indexes: Tensor | None) -> dict[str, Tensor]:
         embeddings, labels, options = self._pair_inputs(fields)
         rates = {"eer": self.eer, "min_dcf_p_target": self.min_dcf_p_target, "dcf_costs": self.dcf_costs}
@@ -195,7 +231,7 @@ class FNMRAtFMR(SampleAccumulator):
         request = RateRequest(self.eer, self.min_dcf_p_target, self.dcf_costs)
         if not (request.eer or request.p_targets):
             return {}
-        fields, _ = on_gathered_states(self, self._collect)
+        fields = self._gathered_fields()
         embeddings, labels, options = self._pair_inputs(fields)
         return _operating_points(embeddings, labels, request, **options)
 
@@ -213,7 +249,7 @@ class FNMRAtFMR(SampleAccumulator):
             ValueError: no sample on any process, an FMR outside [0, 1].
         """
         grid = check_fractions("fmr_grid", fmr_grid)
-        fields, _ = on_gathered_states(self, self._collect)
+        fields = self._gathered_fields()
         embeddings, labels, options = self._pair_inputs(fields)
         return det_curve(embeddings, labels, fmr_grid=grid, **options)
 

@@ -1,0 +1,286 @@
+"""FNMR@FMR, EER and minDCF in sharded mode (``metrics._shard_pairs``) on real gloo processes: every value
+identical, bit for bit, to one process, for ``EmbeddingMetrics`` and ``FNMRAtFMR``, with DistributedSampler
+padding and indexes, uneven shards, an empty rank, the rank order without indexes, small-integer rows (exact
+ties and duplicates across shards, FMR values on tied distances), random rows cut into many tiles (a set
+against itself: symmetric tiles whose two blocks lie on other ranks), every distance, the exclusion rules, few
+histogram buckets; the sharded path taken (a spy), ``roc_auc`` gathered; a bad row on one rank raises on
+every rank."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from tests.metrics._distributed import run_distributed
+from tests.metrics._helpers import ALL_RANKING, make_data
+from torchmetrics_retrieval.functional import _pair_quantiles, fnmr_at_fmr, retrieval_metrics
+from torchmetrics_retrieval.functional._options import RetrievalOptions
+from torchmetrics_retrieval.functional._pair_passes import PairPasses
+from torchmetrics_retrieval.functional._search.key_blocks import key_blocks
+from torchmetrics_retrieval.functional._search.problem import make_problem
+from torchmetrics_retrieval.functional._sets import split_query_gallery
+from torchmetrics_retrieval.metrics import EmbeddingMetrics, FNMRAtFMR, _shard, _shard_pairs
+from torchmetrics_retrieval.metrics._shard_search import gather
+
+N = 29  # not a multiple of 2 or 3: DistributedSampler pads with duplicates
+UNEVEN = {1: [N], 2: [20, 9], 3: [3, 19, 7]}
+WITH_EMPTY = {1: [N], 2: [0, N], 3: [17, 0, 12]}
+#: FMR values on a fine grid: with many tied distances, most quantiles fall on (or between) tied values.
+FMR = tuple(i / 16 for i in range(17))
+PAIRS: dict[str, Any] = {"fmr_vals": FMR, "eer": True, "min_dcf_p_target": (0.1, 0.5), "dcf_costs": (2.0, 1.0)}
+NO_RANKING: dict[str, Any] = {"cmc_top_k": (), "precision_top_k": (), "map_top_k": ()}
+
+#: name: (metric, data, options, feeding). Data: ``ints`` (small integers) or ``floats``, ``split`` (masks, so
+#: queries and gallery apart) or ``same`` (the set against itself).
+SCENARIOS: dict[str, tuple[str, str, dict[str, Any], str]] = {
+    "sampler": ("embedding", "ints_split", {**PAIRS, **NO_RANKING}, "sampler"),
+    "uneven": ("embedding", "ints_split", {**PAIRS, **NO_RANKING, "distance": "sqeuclidean"}, "uneven"),
+    "empty_rank": ("embedding", "ints_same", {**PAIRS, **NO_RANKING, "distance": "dot"}, "empty_rank"),
+    "rank_order": ("embedding", "ints_same", {**PAIRS, **NO_RANKING, "chunk_size": 4}, "rank_order"),
+    "with_ranking": ("embedding", "ints_split", {**PAIRS, **ALL_RANKING, "fpir_vals": (0.5,)}, "sampler"),
+    "same_tiles": ("embedding", "floats_same", {**PAIRS, **NO_RANKING, "chunk_size": 4}, "uneven"),
+    "same_tiles_cosine": (
+        "embedding",
+        "floats_same",
+        {**PAIRS, **NO_RANKING, "chunk_size": 3, "distance": "cosine"},
+        "sampler",
+    ),
+    "split_tiles_dot": (
+        "embedding",
+        "floats_split",
+        {**PAIRS, **NO_RANKING, "chunk_size": 3, "distance": "dot"},
+        "uneven",
+    ),
+    "normalize": ("embedding", "floats_split", {**PAIRS, **NO_RANKING, "normalize": True, "chunk_size": 5}, "sampler"),
+    "few_buckets": ("embedding", "ints_same", {**PAIRS, **NO_RANKING, "chunk_size": 5}, "sampler"),
+    "few_buckets_split": ("embedding", "ints_split", {**PAIRS, **NO_RANKING, "distance": "euclidean"}, "uneven"),
+    "fnmr_sampler": ("fnmr", "ints_split", PAIRS, "sampler"),
+    "fnmr_same_empty_rank": ("fnmr", "ints_same", {**PAIRS, "chunk_size": 4}, "empty_rank"),
+    "fnmr_tiles": (
+        "fnmr",
+        "floats_split",
+        {**PAIRS, "chunk_size": 3, "distance": "sqeuclidean", "progress": True},
+        "uneven",
+    ),
+    "fnmr_float64": ("fnmr", "floats64_same", {**PAIRS, "chunk_size": 4}, "sampler"),
+    "fnmr_roc_auc": ("fnmr", "ints_split", {**PAIRS, "roc_auc": True}, "sampler"),  # gathered
+}
+FEW_BUCKETS = 8
+EMBEDDING_FIELDS = ("is_query", "is_gallery", "sequence_ids", "camera_ids")
+FNMR_FIELDS = ("is_query", "is_gallery", "sequence_ids", "search_groups")
+
+
+def _data(variant: str, metric: str) -> dict[str, Tensor]:
+    data = make_data(n=N, seed=8)
+    if variant.startswith("floats"):  # random rows: a pair's float32 key depends on how it is computed
+        data["embeddings"] = torch.randn(N, 5, generator=torch.Generator().manual_seed(2)) * 3 + 1
+        if variant.startswith("floats64"):
+            data["embeddings"] = data["embeddings"].double()
+    names = EMBEDDING_FIELDS if metric == "embedding" else FNMR_FIELDS
+    if variant.endswith("same"):  # every sample a query and a gallery item
+        names = tuple(name for name in names if name not in ("is_query", "is_gallery"))
+    return {name: data[name] for name in ("embeddings", "labels", *names)}
+
+
+def _metric(metric: str, options: dict[str, Any]) -> EmbeddingMetrics | FNMRAtFMR:
+    return EmbeddingMetrics(**options) if metric == "embedding" else FNMRAtFMR(**options)
+
+
+def _fed(metric: Any, rank: int, world_size: int, data: dict[str, Tensor], feed: str) -> Any:
+    """``sampler``: DistributedSampler (shuffled, padded), indexes; ``uneven`` / ``empty_rank``: consecutive
+    shards, shuffled, indexes; ``rank_order``: consecutive shards in order, no indexes."""
+    if feed == "sampler":
+        dataset = TensorDataset(torch.arange(N), *data.values())
+        sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=3)
+        for index, *fields in DataLoader(dataset, batch_size=4, sampler=sampler):
+            metric.update(**dict(zip(data, fields, strict=True)), indexes=index)
+        return metric
+    sizes = (WITH_EMPTY if feed == "empty_rank" else UNEVEN)[world_size]
+    start = sum(sizes[:rank])
+    rows = torch.arange(start, start + sizes[rank])
+    if feed != "rank_order":
+        rows = rows[torch.randperm(rows.numel(), generator=torch.Generator().manual_seed(rank))]
+    for batch in rows.split(5) if rows.numel() else [rows]:
+        metric.update(
+            **{name: value[batch] for name, value in data.items()}, indexes=None if feed == "rank_order" else batch
+        )
+    return metric
+
+
+def _values(metric: Any) -> dict[str, Any]:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return {"values": metric.compute()}
+    except ValueError as err:
+        return {"error": str(err)}
+
+
+def _table(passes: PairPasses, qg: Any) -> Tensor:
+    """``(Q, G)``: the float32 distance of every ordered pair of the passes' tiles (NaN: not in a tile)."""
+    table = torch.full((qg.query.shape[0], qg.gallery.shape[0]), torch.nan)
+    for block, _ in passes._blocks():
+        distances = passes._distances(block).clone()
+        table[block.rows, block.cols] = distances
+        if block.mirrored:
+            table[block.cols, block.rows] = distances.T
+    return table
+
+
+#: The float32 distance of every pair, from the tiles of every rank: (data, distance, chunk_size).
+TABLES = (("floats_same", "euclidean", 4), ("floats_split", "dot", 3), ("floats_same", "cosine", 3))
+TABLES += (("floats_split", "sqeuclidean", 4), ("floats64_same", "sqeuclidean", 5), ("ints_split", "euclidean", 2))
+
+
+def _tables(rank: int, world_size: int) -> dict[str, Any]:
+    """Per ``TABLES`` entry: ``(distances, times)``, every rank's tiles put together: each ordered pair's
+    distance and how many ranks computed it (the set in rank order, which is the dataset order)."""
+    out = {}
+    for variant, distance, chunk_size in TABLES:
+        metric = _fed(
+            EmbeddingMetrics(distributed="shard"), rank, world_size, _data(variant, "embedding"), "rank_order"
+        )
+        local, small, owner, row, _ = _shard.global_rows(metric, None)
+        labels = small.pop("labels")
+        placeholder = local.new_zeros((1, 1)).expand(owner.numel(), 1)
+        qg = split_query_gallery(placeholder, labels, **{k: v for k, v in small.items() if v is not None})
+        table = _table(_shard_pairs.ShardedPairs(qg, local, owner, row, None, distance, None, chunk_size), qg)
+        tables = torch.stack(gather(table, None))
+        out[f"{variant}/{distance}"] = (tables.nan_to_num(0.0).sum(0), (~tables.isnan()).sum(0))
+    return out
+
+
+def _counting(calls: list[int]) -> Callable[..., Any]:
+    made = _shard_pairs.ShardedPairs
+    return lambda *args: calls.append(1) or made(*args)
+
+
+def _scenarios(rank: int, world_size: int) -> dict[str, Any]:
+    outcomes: dict[str, Any] = {"tables": _tables(rank, world_size)}
+    calls: list[int] = []
+    _shard_pairs.ShardedPairs = _counting(calls)  # type: ignore[assignment,misc]
+    for name, (metric, variant, options, feed) in SCENARIOS.items():
+        _pair_quantiles.N_BUCKETS = FEW_BUCKETS if name.startswith("few_buckets") else 2**16
+        before = len(calls)
+        fed = _fed(_metric(metric, {**options, "distributed": "shard"}), rank, world_size, _data(variant, metric), feed)
+        outcomes[name] = {**_values(fed), "sharded": len(calls) - before}
+    _pair_quantiles.N_BUCKETS = 2**16
+    if world_size > 1:  # a bad row on rank 1 only: every rank raises, none waits
+        data = _data("ints_split", "embedding")
+        for name, bad, distance in (("zero_row", 0.0, "cosine"), ("huge_row", 1e19, "euclidean")):
+            rows = data["embeddings"][rank::world_size].clone()
+            if rank == 1:
+                rows[0] = bad
+            for metric, options in (("embedding", {**PAIRS, **NO_RANKING}), ("fnmr", PAIRS)):
+                fed = _metric(metric, {**options, "distance": distance, "distributed": "shard"})
+                fed.update(rows, data["labels"][rank::world_size])
+                outcomes[f"{name}/{metric}"] = _values(fed)
+    return outcomes
+
+
+def _expected(name: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Tensor]:
+    metric, variant, options, _ = SCENARIOS[name]
+    monkeypatch.setattr(_pair_quantiles, "N_BUCKETS", FEW_BUCKETS if name.startswith("few_buckets") else 2**16)
+    data = _data(variant, metric)
+    embeddings, labels = data.pop("embeddings"), data.pop("labels")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if metric == "embedding":
+            return retrieval_metrics(embeddings, labels, **data, **options)  # type: ignore[return-value]
+        return fnmr_at_fmr(embeddings, labels, **data, **{k: v for k, v in options.items() if k != "progress"})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_sharded_pairs_are_identical_to_one_process(
+    world_size: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ranks = run_distributed(_scenarios, world_size, tmp_path)
+    for variant, distance, chunk_size in TABLES:  # every pair's float32 distance: one process's, from one rank
+        data = _data(variant, "embedding")
+        qg = split_query_gallery(data.pop("embeddings"), data.pop("labels"), **data)
+        expected_table = _table(PairPasses(qg, distance, None, chunk_size), qg)
+        for rank, outcomes in enumerate(ranks):
+            table, times = outcomes["tables"][f"{variant}/{distance}"]
+            assert bool((times == 1).all()), (world_size, rank, variant, distance)
+            assert torch.equal(table, expected_table), (world_size, rank, variant, distance)
+    for name in SCENARIOS:
+        expected = _expected(name, monkeypatch)
+        assert "eer" in expected and "fnmr@fmr/0.5" in expected
+        for rank, outcomes in enumerate(ranks):
+            label = f"world_size={world_size} rank={rank} {name}"
+            actual = outcomes[name]
+            assert "error" not in actual, (label, actual.get("error"))
+            assert list(actual["values"]) == list(expected), label
+            for key, value in expected.items():
+                torch.testing.assert_close(actual["values"][key], value, rtol=0, atol=0, equal_nan=True, msg=label)
+            gathered = world_size == 1 or name == "fnmr_roc_auc"
+            assert actual["sharded"] == (0 if gathered else 1), label
+    if world_size > 1:
+        for outcomes in ranks:
+            for name in ("zero_row/embedding", "zero_row/fnmr", "huge_row/embedding", "huge_row/fnmr"):
+                error = outcomes[name].get("error", "")
+                assert "all-zero row" in error or "norms below" in error or "other process" in error, (name, error)
+
+
+def test_ties_and_buckets_are_exercised() -> None:
+    """The small-integer scenarios have heavy ties and several distances per bucket (with few buckets)."""
+    data = _data("ints_same", "embedding")
+    x = data["embeddings"]
+    d = torch.cdist(x, x)[~torch.eye(N, dtype=torch.bool)]
+    assert torch.unique(d).numel() > FEW_BUCKETS  # few buckets: several distinct distances share a bucket
+    assert torch.unique(d).numel() < d.numel() // 10  # heavy ties
+
+
+def _float32_distances(qg: Any, chunk_size: int) -> Tensor:
+    """Every ordered pair's float32 distance as one process's pair passes read it."""
+    return _table(PairPasses(qg, "euclidean", None, chunk_size), qg)
+
+
+def test_random_rows_depend_on_the_tiles() -> None:
+    """Why the shards compute one process's tiles: on the random rows of the tests, the float32 distance of many
+    pairs differs between the symmetric pass and a one-sided pass of the same rows (a shard pairing its rows
+    another way would read other distances)."""
+    x, labels = _data("floats_same", "embedding")["embeddings"], torch.arange(N) % 3
+    symmetric = _float32_distances(split_query_gallery(x, labels), 4)
+    one_sided = _float32_distances(split_query_gallery(x, labels, x.clone(), labels), 4)
+    off_diagonal = ~torch.eye(N, dtype=torch.bool)
+    assert int((symmetric != one_sided)[off_diagonal].sum()) > 10
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize(
+    ("n_query", "n_gallery", "chunk_size"), [(29, 29, 4), (29, 17, None), (1100, 1030, None), (7, 5000, 3)]
+)
+def test_tiles_are_those_of_key_blocks(symmetric: bool, n_query: int, n_gallery: int, chunk_size: int | None) -> None:
+    """``_shard_pairs.tiles`` lists the tiles of one process's ``key_blocks``, in the same ranges."""
+    if symmetric:
+        n_gallery = n_query
+    x = torch.randn(n_query, 2)
+    g = x if symmetric else torch.randn(n_gallery, 2)
+    qg = split_query_gallery(
+        x, torch.zeros(n_query), None if symmetric else g, None if symmetric else torch.zeros(n_gallery)
+    )
+    problem = make_problem(qg.query, qg.gallery, "euclidean", qg.exclusions(), qg.same_set)
+    assert problem.symmetric == symmetric
+    made = [(b.rows, b.cols, b.mirrored) for b in key_blocks(problem, torch.arange(n_query), chunk_size, symmetric)]
+    rows, cols = _shard_pairs.tiles(n_query, n_gallery, chunk_size, symmetric)
+    listed = [(r, c, symmetric and r != c) for r in rows for c in cols if not symmetric or c.start >= r.start]
+    assert sorted(made, key=str) == sorted(listed, key=str)
+
+
+def test_pair_metrics_are_shardable_but_roc_auc() -> None:
+    assert _shard.shardable(RetrievalOptions.create(fmr_vals=(0.1,), eer=True, min_dcf_p_target=(0.5,)))
+    assert not _shard.shardable(RetrievalOptions.create(fmr_vals=(0.1,), roc_auc=True))
+
+
+def test_fnmr_distributed_must_be_shard_or_gather() -> None:
+    with pytest.raises(ValueError, match="`distributed` must be one of"):
+        FNMRAtFMR(distributed="ring")  # type: ignore[arg-type]

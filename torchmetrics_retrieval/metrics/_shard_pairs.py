@@ -1,0 +1,237 @@
+"""FNMR@FMR, EER and minDCF in sharded mode: every rank keeps its embeddings, the values are one process's.
+
+On one process the two passes over every pair (``functional._pair_quantiles``) read each pair's float32
+distance from the stage-1 key blocks of ``_pair_passes`` (``key_blocks``): a set against itself in symmetric
+tiles (``|x_i - x_j|^2 / 2`` or ``-<x_i, x_j>``, one key for both ordered pairs), otherwise tiles of query rows
+against gallery columns (``|g|^2 - 2<q,g>`` plus ``|q|^2``, or ``-<q,g>``). These distances are not the
+canonical ones of the kNN search: the key of a pair depends on the tile's formula, so a shard that paired its
+rows its own way (say one-sided, its queries against another rank's gallery) would read other float32
+values, hence other thresholds and counts. So the ranks compute exactly the tiles of one process:
+
+* the tiles are ``key_blocks``' tiles of the global set (same sides, same global row and column ranges);
+  column block ``j`` is held by rank ``j % P`` (gathered once), and in each pass the row blocks are
+  all-gathered one after the other, each rank computing its tiles of the row block with the same product
+  (``SymmetricKeys`` / ``addmm_keys``, IEEE float32) of the same float32 stage rows (``stage_rows`` of the
+  canonical squared norms: row by row, so the owner of a row makes the same row). Every key is one process's,
+  bit for bit, given a BLAS that repeats a product of the same operands (which one process's second pass
+  already needs: it recomputes every tile);
+* every other per-pair input is global and small (labels, exclusion rules, self index, and the key form's
+  offsets, the gathered squared norms), so ``PairPasses`` itself turns a tile into distances, signs,
+  eligibility and buckets, with the tile's global ranges, by the same kernels;
+* the bucket edges come from the largest norms (all-reduced, each norm computed row by row as one process
+  does); the histograms are summed over the ranks (integers: exact), so every rank picks the same wanted
+  buckets; the distinct distances collected there, with their multiplicities, are gathered and merged (a
+  union of multisets, whatever the order). From these the values are one process's code on the same numbers.
+
+Each tile is computed by one rank, so each ordered pair is counted once. A rank holds its column blocks (about
+``1/P`` of the gallery, whole blocks), one row block and one tile of keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from torchmetrics_retrieval.functional._pair_passes import PairPasses
+from torchmetrics_retrieval.functional._pair_quantiles import PairBuckets, merge_counted, statistics
+from torchmetrics_retrieval.functional._pair_rates import Counted, RateRequest
+from torchmetrics_retrieval.functional._precision import ieee_float32_matmul
+from torchmetrics_retrieval.functional._progress import advance
+from torchmetrics_retrieval.functional._search import plan
+from torchmetrics_retrieval.functional._search.blocks import block_sides
+from torchmetrics_retrieval.functional._search.key_blocks import KeyBlock
+from torchmetrics_retrieval.functional._search.keys import self_dots, stage_rows
+from torchmetrics_retrieval.functional._search.problem import Problem, make_problem
+from torchmetrics_retrieval.functional._search.stream_topk import addmm_keys
+from torchmetrics_retrieval.functional._search.torch_stage import SymmetricKeys
+from torchmetrics_retrieval.functional._sets import QueryGallery
+from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
+from torchmetrics_retrieval.functional.verification import _bounds_of_norms, statistics_keys
+from torchmetrics_retrieval.metrics._shard import global_problem
+from torchmetrics_retrieval.metrics._shard_search import gather
+
+__all__ = ["ShardedPairs", "sharded_pair_compute", "sharded_pair_metrics", "tiles"]
+
+
+def tiles(n_query: int, n_gallery: int, chunk_size: int | None, symmetric: bool) -> tuple[list[slice], list[slice]]:
+    """The row and column blocks of ``key_blocks``' tiles (symmetric: only the tiles with ``cols >= rows``)."""
+    if symmetric:
+        side = min(plan.SYMMETRIC_KEY_TILE, chunk_size or plan.SYMMETRIC_KEY_TILE)
+        blocks = [slice(a, min(a + side, n_query)) for a in range(0, n_query, side)]
+        return blocks, blocks
+    tile_rows, tile_cols = block_sides(n_query, n_gallery, chunk_size, bytes_per_pair=5)
+    tile_rows = min(tile_rows, plan.KEY_TILE_ROWS)
+    rows = [slice(a, min(a + tile_rows, n_query)) for a in range(0, n_query, tile_rows)]
+    return rows, [slice(b, min(b + tile_cols, n_gallery)) for b in range(0, n_gallery, tile_cols)]
+
+
+class ShardedPairs(PairPasses):
+    """The pairs of ``qg`` (a problem over the global set: positions are global rows, the embeddings
+    placeholders) whose rows ``owner`` holds as its ``local`` row ``row``: this rank's tiles (see the module
+    docstring). Every rank must make it and run every pass together (the passes all-gather the row blocks)."""
+
+    def __init__(
+        self,
+        qg: QueryGallery,
+        local: Tensor,
+        owner: Tensor,
+        row: Tensor,
+        group: Any,
+        distance: str,
+        label_comparison_fn: LabelComparisonFn | None,
+        chunk_size: int | None,
+    ) -> None:
+        self.owner, self.row, self.group = owner, row, group
+        self.rank, world = dist.get_rank(group), dist.get_world_size(group)
+        local64 = local.to(torch.float64)
+        sq64 = self_dots(local64)
+        stage, stage_sq = stage_rows(local64, sq64, distance)
+        self.l2 = stage_sq is not None
+        # the float32 stage row and squared norm of every local row, sent together
+        self.stage = torch.cat([stage, (stage_sq if stage_sq is not None else stage.new_zeros(len(stage)))[:, None]], 1)
+        parts = gather(sq64, group)
+        first = torch.tensor([0, *(part.numel() for part in parts)], device=local.device).cumsum(0)[:-1]
+        every_sq = torch.cat(parts)[first[owner] + row]  # by global position
+        super().__init__(qg, distance, label_comparison_fn, chunk_size, _placeholder_problem(qg, every_sq, distance))
+        self.row_blocks, self.col_blocks = tiles(qg.query.shape[0], qg.gallery.shape[0], chunk_size, self.symmetric)
+        self.held: dict[int, Tensor] = {}
+        for j, cols in enumerate(self.col_blocks):  # a collective per block: every rank, in the same order
+            block = self._fetch(qg.gallery_positions[cols])
+            if j % world == self.rank:
+                self.held[j] = block
+        self.n_pairs = sum(  # the ordered pairs of this rank's tiles (its progress bar's total)
+            (rows.stop - rows.start) * (cols.stop - cols.start) * (2 if self.symmetric and rows != cols else 1)
+            for rows in self.row_blocks
+            for cols in map(self.col_blocks.__getitem__, self.held)
+            if not (self.symmetric and cols.start < rows.start)
+        )
+
+    @property
+    def symmetric(self) -> bool:
+        return self.problem.symmetric
+
+    def _fetch(self, positions: Tensor) -> Tensor:
+        """The stage rows (squared norm last) of the samples at these global positions, from their owners."""
+        holders = self.owner[positions]
+        parts = gather(self.stage[self.row[positions[holders == self.rank]]], self.group)
+        block = self.stage.new_empty((positions.numel(), self.stage.shape[1]))
+        block[torch.argsort(holders, stable=True)] = torch.cat(parts)
+        return block
+
+    def _keys(self, left: Tensor, right: Tensor | None) -> Tensor:
+        """The keys of a tile by ``key_blocks``' product (``right`` None: a diagonal tile of the symmetric set)."""
+        dim = left.shape[1] - 1
+        with ieee_float32_matmul():
+            if self.symmetric:
+                rows = left if right is None else torch.cat([left, right])
+                half = rows[:, dim] / 2 if self.l2 else None
+                n_left = left.shape[0]
+                cols = slice(0, n_left) if right is None else slice(n_left, rows.shape[0])
+                return SymmetricKeys(rows[:, :dim].contiguous(), half)(slice(0, n_left), cols)
+            assert right is not None
+            bias = right[:, dim].contiguous() if self.l2 else torch.zeros_like(right[:, 0])
+            keys = addmm_keys(left[:, :dim].contiguous(), right[:, :dim].contiguous(), bias, -2.0 if self.l2 else -1.0)
+            return keys(slice(0, left.shape[0]), slice(0, right.shape[0]))
+
+    def _key_blocks(self) -> Iterator[KeyBlock]:
+        any_tile = False
+        for i, rows in enumerate(self.row_blocks):
+            left = self._fetch(self.qg.query_positions[rows])
+            for j, right in self.held.items():
+                cols = self.col_blocks[j]
+                if self.symmetric and cols.start < rows.start:
+                    continue
+                any_tile = True
+                keys = self._keys(left, None if self.symmetric and i == j else right)
+                mirrored = self.symmetric and rows != cols
+                yield KeyBlock(rows, cols, keys, mirrored)
+                advance((rows.stop - rows.start) * (cols.stop - cols.start) * (2 if mirrored else 1))
+        if not any_tile:  # the passes read at least one block
+            empty = slice(0, 0)
+            yield KeyBlock(empty, empty, self.stage.new_zeros((0, 0)), False)
+
+
+def _placeholder_problem(qg: QueryGallery, sq64: Tensor, distance: str) -> Problem:
+    """The problem of ``qg`` with its rules and the squared norms ``sq64`` (by global position) of the global
+    set; its rows are placeholders (``ShardedPairs`` makes the key blocks)."""
+    ones = qg.query.new_ones((qg.query.shape[0], 1))
+    gallery = ones if qg.same_set else qg.gallery.new_ones((qg.gallery.shape[0], 1))
+    problem = make_problem(ones, gallery, distance, qg.exclusions(), qg.same_set)
+    query_sq = sq64[qg.query_positions]
+    return problem._replace(query_sq64=query_sq, gallery_sq64=query_sq if qg.same_set else sq64[qg.gallery_positions])
+
+
+class _Totals:
+    """The passes' results of every rank's pairs: histograms summed, collected distances merged."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+
+    def histograms(self, negative: Tensor, positive: Tensor) -> tuple[Tensor, Tensor]:
+        both = torch.stack([negative, positive])
+        dist.all_reduce(both, group=self.group)
+        return both[0], both[1]
+
+    def collected(self, negatives: Counted, positives: Counted) -> tuple[Counted, Counted]:
+        return self._merged(negatives), self._merged(positives)
+
+    def _merged(self, counted: Counted) -> Counted:
+        values, counts = gather(counted.values, self.group), gather(counted.counts, self.group)
+        return merge_counted([Counted(v, c) for v, c in zip(values, counts, strict=True)])
+
+
+def _buckets(qg: QueryGallery, local: Tensor, owner: Tensor, row: Tensor, distance: str, group: Any) -> PairBuckets:
+    """``_distance_bounds``' buckets of the global set: the largest query and gallery norms, all-reduced."""
+    if distance == "cosine":
+        return PairBuckets.spanning(*_bounds_of_norms(0.0, 0.0, distance))
+    rank = dist.get_rank(group)
+    norms = local.to(torch.float64).norm(dim=1)  # row by row, as one process's norms of its rows
+
+    def largest(positions: Tensor) -> Tensor:
+        mine = norms[row[positions[owner[positions] == rank]]]
+        return mine.max() if mine.numel() else norms.new_tensor(-torch.inf)
+
+    found = torch.stack([largest(qg.query_positions), largest(qg.gallery_positions)])
+    dist.all_reduce(found, op=dist.ReduceOp.MAX, group=group)
+    return PairBuckets.spanning(*_bounds_of_norms(float(found[0]), float(found[1]), distance))
+
+
+def sharded_pair_metrics(
+    qg: QueryGallery,
+    local: Tensor,
+    owner: Tensor,
+    row: Tensor,
+    group: Any,
+    fmr_vals: tuple[float, ...],
+    request: RateRequest,
+    distance: str,
+    label_comparison_fn: LabelComparisonFn | None,
+    chunk_size: int | None,
+) -> dict[str, Tensor]:
+    """``fnmr@fmr/{f}``, ``tar@far/{f}``, ``eer``, ``min_dcf/{p}`` of ``qg`` (as ``ShardedPairs``), on every rank
+    the values of ``functional.verification.pair_metrics`` over the global set (``local``: checked rows)."""
+    if not (fmr_vals or request.eer or request.p_targets):
+        return {}
+    buckets = _buckets(qg, local, owner, row, distance, group)
+    source = ShardedPairs(qg, local, owner, row, group, distance, label_comparison_fn, chunk_size)
+    found = statistics(source, buckets, fmr_vals, request, qg.query.device, _Totals(group))
+    return statistics_keys(found, fmr_vals)
+
+
+def sharded_pair_compute(
+    metric: Any,
+    group: Any,
+    fmr_vals: tuple[float, ...],
+    request: RateRequest,
+    distance: str,
+    label_comparison_fn: LabelComparisonFn | None,
+    chunk_size: int | None,
+) -> dict[str, Tensor]:
+    """The pair metrics of a sample accumulator whose ranks keep their samples (``FNMRAtFMR``)."""
+    qg, local, owner, row, _ = global_problem(metric, group, distance)
+    options = (fmr_vals, request, distance, label_comparison_fn, chunk_size)
+    return sharded_pair_metrics(qg, local, owner, row, group, *options)
