@@ -49,3 +49,11 @@ def run_distributed(
                     process.terminate()
             raise TimeoutError(f"distributed run of {fn.__name__} with {world_size} processes took over {timeout} s")
     return [torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(world_size)]
+
+
+def sampler_rows(n: int, rank: int, world_size: int, seed: int | None = None) -> torch.Tensor:
+    """The rows ``DistributedSampler`` gives ``rank``: the ``n`` rows (shuffled with ``seed``, if given) padded to a
+    multiple of the world size with the first ones again, every ``world_size``-th from ``rank``."""
+    order = torch.arange(n) if seed is None else torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    total = -(-n // world_size) * world_size
+    return order[torch.arange(rank, total, world_size) % n]

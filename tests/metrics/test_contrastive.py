@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics import MetricCollection
 
-from tests.metrics._distributed import run_distributed
+from tests.metrics._distributed import run_distributed, sampler_rows
 from tests.metrics._helpers import split_points
 from torchmetrics_retrieval.functional.contrastive import (
     _count_above,
@@ -323,10 +323,7 @@ def sharded_data() -> dict[str, tuple[Tensor, Tensor]]:
 
 
 def _padded_rows(n: int, rank: int, world_size: int) -> Tensor:
-    """DistributedSampler's split (shuffled): padded to a multiple of the world size with repeated rows."""
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(3))
-    total = -(-n // world_size) * world_size
-    return order[torch.arange(rank, total, world_size) % n]
+    return sampler_rows(n, rank, world_size, seed=3)
 
 
 def _shard_rows(sizes: list[int], rank: int) -> Tensor:

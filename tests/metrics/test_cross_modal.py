@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from tests.metrics._distributed import run_distributed
+from tests.metrics._distributed import run_distributed, sampler_rows
 from torchmetrics_retrieval import CrossModalRetrieval
 
 N_IMAGES, CAPTIONS_PER_IMAGE, DIM = 23, 5, 8
@@ -153,12 +153,6 @@ def feed_rows(metric: CrossModalRetrieval, data: dict[str, Tensor], images: Tens
         metric.update(embeddings_b=data["captions"][rows], ids_b=data["caption_ids"][rows], indexes_b=rows)
 
 
-def _padded_rows(n: int, rank: int, world_size: int) -> Tensor:
-    """DistributedSampler's split: padded to a multiple of the world size with the first rows again."""
-    total = -(-n // world_size) * world_size
-    return torch.arange(rank, total, world_size) % n
-
-
 def _sharded_scenarios(rank: int, world_size: int) -> dict[str, Any]:
     from torchmetrics_retrieval.metrics import _shard_cross_modal
 
@@ -173,7 +167,7 @@ def _sharded_scenarios(rank: int, world_size: int) -> dict[str, Any]:
             feed_shuffled(metric, data, rank, world_size)
             outcomes[f"{name}_{distributed}"] = metric.compute()
         metric = CrossModalRetrieval(**SHARDED_OPTIONS)  # padded duplicates, de-duplicated by index
-        feed_rows(metric, data, _padded_rows(N_IMAGES, rank, world_size), _padded_rows(n_captions, rank, world_size))
+        feed_rows(metric, data, sampler_rows(N_IMAGES, rank, world_size), sampler_rows(n_captions, rank, world_size))
         outcomes[f"{name}_padded"] = metric.compute()
         metric = CrossModalRetrieval(**SHARDED_OPTIONS)  # every image on the last rank, none on rank 0 at all
         images = torch.arange(N_IMAGES) if rank == world_size - 1 else torch.arange(0)
