@@ -3,8 +3,9 @@ identical, bit for bit, to one process, for ``EmbeddingMetrics`` and ``FNMRAtFMR
 padding and indexes, uneven shards, an empty rank, the rank order without indexes, small-integer rows (exact
 ties and duplicates across shards, FMR values on tied distances), random rows cut into many tiles (a set
 against itself: symmetric tiles whose two blocks lie on other ranks), every distance, the exclusion rules, few
-histogram buckets; the sharded path taken (a spy), ``roc_auc`` gathered; a bad row on one rank raises on
-every rank."""
+histogram buckets; ``roc_auc`` (``metrics._shard_auc``) with ties between positive and negative distances,
+duplicates, the exclusion rules, an empty rank, padding and float64 rows, and its NaN with a warning on every
+rank; the sharded paths taken (spies); a bad row on one rank raises on every rank."""
 
 from __future__ import annotations
 
@@ -23,10 +24,11 @@ from tests.metrics._helpers import ALL_RANKING, make_data
 from torchmetrics_retrieval.functional import _pair_quantiles, fnmr_at_fmr, retrieval_metrics
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._pair_passes import PairPasses
+from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional._search.key_blocks import key_blocks
 from torchmetrics_retrieval.functional._search.problem import make_problem
 from torchmetrics_retrieval.functional._sets import split_query_gallery
-from torchmetrics_retrieval.metrics import EmbeddingMetrics, FNMRAtFMR, _shard, _shard_pairs
+from torchmetrics_retrieval.metrics import EmbeddingMetrics, FNMRAtFMR, _shard, _shard_auc, _shard_pairs
 from torchmetrics_retrieval.metrics._shard_search import gather
 
 N = 29  # not a multiple of 2 or 3: DistributedSampler pads with duplicates
@@ -70,8 +72,30 @@ SCENARIOS: dict[str, tuple[str, str, dict[str, Any], str]] = {
         "uneven",
     ),
     "fnmr_float64": ("fnmr", "floats64_same", {**PAIRS, "chunk_size": 4}, "sampler"),
-    "fnmr_roc_auc": ("fnmr", "ints_split", {**PAIRS, "roc_auc": True}, "sampler"),  # gathered
+    "fnmr_roc_auc": ("fnmr", "ints_split", {**PAIRS, "roc_auc": True}, "sampler"),
+    "fnmr_roc_auc_float64": ("fnmr", "floats64_same", {**PAIRS, "roc_auc": True, "chunk_size": 4}, "empty_rank"),
+    "fnmr_roc_auc_dot": ("fnmr", "floats_split", {**PAIRS, "roc_auc": True, "distance": "dot"}, "uneven"),
+    "auc_sampler": ("embedding", "ints_split", {**PAIRS, **NO_RANKING, "roc_auc": True}, "sampler"),
+    "auc_same_empty_rank": (
+        "embedding",
+        "ints_same",
+        {**PAIRS, **NO_RANKING, "roc_auc": True, "chunk_size": 3, "distance": "sqeuclidean"},
+        "empty_rank",
+    ),
+    "auc_with_ranking": ("embedding", "ints_split", {**PAIRS, **ALL_RANKING, "roc_auc": True}, "uneven"),
+    "auc_compiled": ("embedding", "ints_split", {**PAIRS, **NO_RANKING, "roc_auc": True}, "uneven"),
+    "fnmr_roc_auc_compiled": ("fnmr", "floats_same", {**PAIRS, "roc_auc": True, "distance": "cosine"}, "sampler"),
+    "auc_rank_order": ("embedding", "ints_same", {**PAIRS, **NO_RANKING, "roc_auc": True}, "rank_order"),
+    "auc_float64_cosine": (
+        "embedding",
+        "floats64_same",
+        {**PAIRS, **NO_RANKING, "roc_auc": True, "distance": "cosine"},
+        "sampler",
+    ),
 }
+#: Labels without any positive pair (all distinct) or without any negative pair (all equal): roc_auc is NaN.
+NAN_LABELS = {"no_positive": torch.arange(N), "no_negative": torch.zeros(N, dtype=torch.long)}
+AUC_ONLY: dict[str, Any] = {**NO_RANKING, "fmr_vals": (), "roc_auc": True}
 FEW_BUCKETS = 8
 EMBEDDING_FIELDS = ("is_query", "is_gallery", "sequence_ids", "camera_ids")
 FNMR_FIELDS = ("is_query", "is_gallery", "sequence_ids", "search_groups")
@@ -157,21 +181,41 @@ def _tables(rank: int, world_size: int) -> dict[str, Any]:
     return out
 
 
-def _counting(calls: list[int]) -> Callable[..., Any]:
-    made = _shard_pairs.ShardedPairs
+def _counting(calls: list[int], made: Callable[..., Any]) -> Callable[..., Any]:
     return lambda *args: calls.append(1) or made(*args)
+
+
+def _nan_cases(rank: int, world_size: int) -> dict[str, Any]:
+    """roc_auc without positive or without negative pairs: the value and the roc_auc warnings, per metric."""
+    out: dict[str, Any] = {}
+    data = _data("ints_split", "fnmr")
+    for name, labels in NAN_LABELS.items():
+        for metric in ("embedding", "fnmr"):
+            fed = _metric(metric, {**(AUC_ONLY if metric == "embedding" else {"fmr_vals": ()}), "roc_auc": True})
+            fed.update(data["embeddings"][rank::world_size], labels[rank::world_size])
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                value = fed.compute()["roc_auc"]
+            out[f"{name}/{metric}"] = (value, [str(w.message) for w in caught if "roc_auc" in str(w.message)])
+    return out
 
 
 def _scenarios(rank: int, world_size: int) -> dict[str, Any]:
     outcomes: dict[str, Any] = {"tables": _tables(rank, world_size)}
     calls: list[int] = []
-    _shard_pairs.ShardedPairs = _counting(calls)  # type: ignore[assignment,misc]
+    auc_calls: list[int] = []
+    _shard_pairs.ShardedPairs = _counting(calls, _shard_pairs.ShardedPairs)  # type: ignore[assignment,misc]
+    _shard_auc.sharded_roc_auc = _counting(auc_calls, _shard_auc.sharded_roc_auc)
     for name, (metric, variant, options, feed) in SCENARIOS.items():
         _pair_quantiles.N_BUCKETS = FEW_BUCKETS if name.startswith("few_buckets") else 2**16
-        before = len(calls)
+        before, auc_before = len(calls), len(auc_calls)
         fed = _fed(_metric(metric, {**options, "distributed": "shard"}), rank, world_size, _data(variant, metric), feed)
-        outcomes[name] = {**_values(fed), "sharded": len(calls) - before}
+        with plan.force_compiled(True if name.endswith("compiled") else None):  # the compiled kernels on tiny data
+            values = _values(fed)
+        outcomes[name] = {**values, "sharded": len(calls) - before, "auc_sharded": len(auc_calls) - auc_before}
     _pair_quantiles.N_BUCKETS = 2**16
+    outcomes["nan"] = _nan_cases(rank, world_size)
+    outcomes["auc_sharded_total"] = len(auc_calls)
     if world_size > 1:  # a bad row on rank 1 only: every rank raises, none waits
         data = _data("ints_split", "embedding")
         for name, bad, distance in (("zero_row", 0.0, "cosine"), ("huge_row", 1e19, "euclidean")):
@@ -190,7 +234,7 @@ def _expected(name: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Tensor]:
     monkeypatch.setattr(_pair_quantiles, "N_BUCKETS", FEW_BUCKETS if name.startswith("few_buckets") else 2**16)
     data = _data(variant, metric)
     embeddings, labels = data.pop("embeddings"), data.pop("labels")
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), plan.force_compiled(True if name.endswith("compiled") else None):
         warnings.simplefilter("ignore")
         if metric == "embedding":
             return retrieval_metrics(embeddings, labels, **data, **options)  # type: ignore[return-value]
@@ -221,8 +265,23 @@ def test_sharded_pairs_are_identical_to_one_process(
             assert list(actual["values"]) == list(expected), label
             for key, value in expected.items():
                 torch.testing.assert_close(actual["values"][key], value, rtol=0, atol=0, equal_nan=True, msg=label)
-            gathered = world_size == 1 or name == "fnmr_roc_auc"
-            assert actual["sharded"] == (0 if gathered else 1), label
+            sharded = 0 if world_size == 1 else 1
+            assert actual["sharded"] == sharded, label
+            assert actual["auc_sharded"] == (sharded if SCENARIOS[name][2].get("roc_auc") else 0), label
+    data = _data("ints_split", "fnmr")
+    for name, labels in NAN_LABELS.items():  # NaN with the one-process warning, on every rank
+        with pytest.warns(UserWarning, match="roc_auc is NaN") as caught:
+            expected_value = fnmr_at_fmr(data["embeddings"], labels, fmr_vals=(), roc_auc=True)["roc_auc"]
+        messages = [str(w.message) for w in caught if "roc_auc" in str(w.message)]
+        assert expected_value.isnan() and len(messages) == 1
+        for rank, outcomes in enumerate(ranks):
+            for metric in ("embedding", "fnmr"):
+                value, warned = outcomes["nan"][f"{name}/{metric}"]
+                assert value.isnan() and value.dtype == expected_value.dtype, (world_size, rank, name, metric)
+                assert warned == messages, (world_size, rank, name, metric, warned)
+    n_auc = sum(1 for scenario in SCENARIOS.values() if scenario[2].get("roc_auc")) + 2 * len(NAN_LABELS)
+    for outcomes in ranks:  # every roc_auc sharded (the NaN cases too) as soon as there are several processes
+        assert outcomes["auc_sharded_total"] == (n_auc if world_size > 1 else 0), world_size
     if world_size > 1:
         for outcomes in ranks:
             for name in ("zero_row/embedding", "zero_row/fnmr", "huge_row/embedding", "huge_row/fnmr"):
@@ -237,6 +296,10 @@ def test_ties_and_buckets_are_exercised() -> None:
     d = torch.cdist(x, x)[~torch.eye(N, dtype=torch.bool)]
     assert torch.unique(d).numel() > FEW_BUCKETS  # few buckets: several distinct distances share a bucket
     assert torch.unique(d).numel() < d.numel() // 10  # heavy ties
+    # roc_auc: many distances shared by positive and negative pairs (ties counting one half), duplicate rows
+    same = (data["labels"][:, None] == data["labels"][None, :])[~torch.eye(N, dtype=torch.bool)]
+    assert torch.isin(d[same], d[~same]).sum() > 10
+    assert int((d == 0).sum()) > 0
 
 
 def _float32_distances(qg: Any, chunk_size: int) -> Tensor:
@@ -276,9 +339,10 @@ def test_tiles_are_those_of_key_blocks(symmetric: bool, n_query: int, n_gallery:
     assert sorted(made, key=str) == sorted(listed, key=str)
 
 
-def test_pair_metrics_are_shardable_but_roc_auc() -> None:
+def test_pair_metrics_and_roc_auc_are_shardable() -> None:
     assert _shard.shardable(RetrievalOptions.create(fmr_vals=(0.1,), eer=True, min_dcf_p_target=(0.5,)))
-    assert not _shard.shardable(RetrievalOptions.create(fmr_vals=(0.1,), roc_auc=True))
+    assert _shard.shardable(RetrievalOptions.create(fmr_vals=(0.1,), roc_auc=True))
+    assert _shard.shardable(RetrievalOptions.create(fmr_vals=(), roc_auc=True))
 
 
 def test_fnmr_distributed_must_be_shard_or_gather() -> None:

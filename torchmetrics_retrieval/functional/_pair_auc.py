@@ -37,7 +37,7 @@ from torchmetrics_retrieval.functional._search.problem import Problem, make_prob
 from torchmetrics_retrieval.functional._sets import QueryGallery
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn, _label_match_compute
 
-__all__ = ["roc_auc_of_pairs"]
+__all__ = ["nan_without_pairs", "place_negatives", "roc_auc_of_pairs"]
 
 _MODES = {"dot": 0, "cosine": 1, "sqeuclidean": 2, "euclidean": 3}
 #: Lookup-table buckets per positive distance, and at most ``_LUT_ENTRIES`` (64 MiB of int32): every negative pair
@@ -103,6 +103,15 @@ def _blocks(problem: Problem, chunk_size: int | None) -> Iterator[tuple[slice, s
         advance((rs.stop - rs.start) * (cs.stop - cs.start) * (2 if mirrored else 1))
 
 
+def nan_without_pairs(n_positive: int, n_negative: int, device: torch.device, stacklevel: int = 5) -> Tensor | None:
+    """NaN (float64, 0-dim) with a warning when there is no positive or no negative pair, else None."""
+    if n_positive and n_negative:
+        return None
+    reason = "no positive pair (no query has a relevant item)" if n_positive == 0 else "no negative pair"
+    warnings.warn(f"roc_auc is NaN: there is {reason}.", UserWarning, stacklevel=stacklevel)
+    return torch.full((), math.nan, dtype=torch.float64, device=device)
+
+
 def roc_auc_of_pairs(
     qg: QueryGallery, distance: str, label_comparison_fn: LabelComparisonFn | None, chunk_size: int | None
 ) -> Tensor:
@@ -113,29 +122,42 @@ def roc_auc_of_pairs(
     positive_distances = _positives(qg, problem, label_comparison_fn)
     n_positive = positive_distances.numel()
     n_negative = int(qg.exclusions().count_eligible(n_query, n_gallery, device).sum()) - n_positive
-    if n_positive == 0 or n_negative == 0:
-        reason = "no positive pair (no query has a relevant item)" if n_positive == 0 else "no negative pair"
-        warnings.warn(f"roc_auc is NaN: there is {reason}.", UserWarning, stacklevel=4)
-        return torch.full((), math.nan, dtype=torch.float64, device=device)
-    positives = _Positives(positive_distances)
+    undefined = nan_without_pairs(n_positive, n_negative, device)
+    if undefined is not None:
+        return undefined
+    with section("pairs, ROC AUC", n_query * n_gallery):
+        below, equal = place_negatives(qg, problem, _Positives(positive_distances), label_comparison_fn, chunk_size)
+    area = (below + 0.5 * equal) / (n_positive * n_negative)  # Python ints: exact up to the one division
+    return torch.tensor(area, dtype=torch.float64, device=device)
+
+
+def place_negatives(
+    qg: QueryGallery,
+    problem: Problem,
+    positives: _Positives,
+    label_comparison_fn: LabelComparisonFn | None,
+    chunk_size: int | None,
+) -> tuple[int, int]:
+    """``(below, equal)``: over every eligible negative pair of ``qg`` (``problem`` its problem), the positive
+    distances ``positives`` strictly below and equal to its canonical distance; exact whatever the blocks."""
+    device = qg.query.device
+    n_query, n_gallery = qg.query.shape[0], qg.gallery.shape[0]
     ids = None if label_comparison_fn is not None else _dense_label_ids(qg.query_labels, qg.gallery_labels)
     compiled = ids is not None and qg.query.dtype == torch.float32 and plan.use_compiled(device, n_query, n_gallery)
     own = problem.exclusions.self_index
     own = own if own is not None else torch.full((n_query,), -1, dtype=torch.long, device=device)
     others = problem.exclusions._replace(self_index=None)
     below = equal = 0
-    with section("pairs, ROC AUC", n_query * n_gallery):
-        for rs, cs, dots, mirrored in _blocks(problem, chunk_size):
-            mask = others.eligible(rs, cs, (dots.shape[0], dots.shape[1]), device)
-            if compiled:
-                assert ids is not None
-                found = _compiled_block(problem, rs, cs, dots, mask, own, ids, positives)
-            else:
-                found = _torch_block(qg, problem, rs, cs, mask, own, ids, label_comparison_fn, positives)
-            weight = 2 if mirrored else 1
-            below, equal = below + weight * found[0], equal + weight * found[1]
-    area = (below + 0.5 * equal) / (n_positive * n_negative)  # Python ints: exact up to the one division
-    return torch.tensor(area, dtype=torch.float64, device=device)
+    for rs, cs, dots, mirrored in _blocks(problem, chunk_size):
+        mask = others.eligible(rs, cs, (dots.shape[0], dots.shape[1]), device)
+        if compiled:
+            assert ids is not None
+            found = _compiled_block(problem, rs, cs, dots, mask, own, ids, positives)
+        else:
+            found = _torch_block(qg, problem, rs, cs, mask, own, ids, label_comparison_fn, positives)
+        weight = 2 if mirrored else 1
+        below, equal = below + weight * found[0], equal + weight * found[1]
+    return below, equal
 
 
 def _compiled_block(

@@ -10,9 +10,10 @@ gathered (a few numbers per query) and reduced as on one process, so every key i
 
 MRR beyond K, full MAP and mINP need the rank of relevant items in each query's whole ranking: the items before
 each one are counted shard by shard, in the same rounds of visiting queries, and summed (``_shard_full_ranking``).
-FNMR@FMR, EER and minDCF share out the tiles of pair distances one process computes (``_shard_pairs``). ROC AUC,
-PCF and clustering are not sharded: with any of them ``compute`` gathers the embeddings as ``distributed="gather"``
-does.
+FNMR@FMR, EER and minDCF share out the tiles of pair distances one process computes (``_shard_pairs``); ROC AUC
+counts, in the same rounds of visiting queries, each shard's negatives among every shard's positives
+(``_shard_auc``). PCF and clustering are not sharded: with either ``compute`` gathers the embeddings as
+``distributed="gather"`` does.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from torchmetrics_retrieval.functional.identification import _dir_at_fpir_comput
 from torchmetrics_retrieval.functional.reduction import _apply_empty_target_action_compute
 from torchmetrics_retrieval.functional.relevance import _relevance_matrix_compute
 from torchmetrics_retrieval.functional.retrieval import reduce_per_query
+from torchmetrics_retrieval.metrics import _shard_auc
 from torchmetrics_retrieval.metrics._shard_full_ranking import ShardedRanks
 from torchmetrics_retrieval.metrics._shard_search import gather, one_sided_top_k, symmetric_fits, symmetric_top_k
 from torchmetrics_retrieval.metrics._state import _concat, _layout, _templates, deduplicate, upcast_half
@@ -58,8 +60,8 @@ __all__ = [
 
 def shardable(options: RetrievalOptions) -> bool:
     """Whether the sharded path computes every requested metric (from each query's top K and full-ranking ranks,
-    and the pair passes of FNMR@FMR, EER and minDCF, ``_shard_pairs``)."""
-    return not (options.roc_auc or options.pcf_variance or options.clustering)
+    the pair passes of FNMR@FMR, EER and minDCF, ``_shard_pairs``, and ROC AUC, ``_shard_auc``)."""
+    return not (options.pcf_variance or options.clustering)
 
 
 def runs_sharded(metric: Any, distributed: str, sharded_values: bool) -> bool:
@@ -153,6 +155,8 @@ def sharded_compute(metric: Any, group: Any) -> tuple[dict[str, Tensor], Retriev
     request = RateRequest(options.eer, options.min_dcf_p_target, options.dcf_costs)
     pairs = (options.fmr_vals, request, options.distance, options.label_comparison_fn, options.chunk_size)
     metrics.update(sharded_pair_metrics(qg, local, owner, row, group, *pairs))
+    if options.roc_auc:
+        metrics["roc_auc"] = _shard_auc.sharded_roc_auc(qg, local, owner, row, group, *pairs[2:]).to(torch.float32)
     return metrics, result, indexes
 
 

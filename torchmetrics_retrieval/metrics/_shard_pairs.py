@@ -51,6 +51,7 @@ from torchmetrics_retrieval.functional._search.torch_stage import SymmetricKeys
 from torchmetrics_retrieval.functional._sets import QueryGallery
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
 from torchmetrics_retrieval.functional.verification import _bounds_of_norms, statistics_keys
+from torchmetrics_retrieval.metrics import _shard_auc
 from torchmetrics_retrieval.metrics._shard import global_problem
 from torchmetrics_retrieval.metrics._shard_search import gather
 
@@ -230,8 +231,13 @@ def sharded_pair_compute(
     distance: str,
     label_comparison_fn: LabelComparisonFn | None,
     chunk_size: int | None,
+    roc_auc: bool = False,
 ) -> dict[str, Tensor]:
-    """The pair metrics of a sample accumulator whose ranks keep their samples (``FNMRAtFMR``)."""
+    """The pair metrics of a sample accumulator whose ranks keep their samples (``FNMRAtFMR``); with ``roc_auc``
+    also ``roc_auc`` (``_shard_auc``)."""
     qg, local, owner, row, _ = global_problem(metric, group, distance)
     options = (fmr_vals, request, distance, label_comparison_fn, chunk_size)
-    return sharded_pair_metrics(qg, local, owner, row, group, *options)
+    out = sharded_pair_metrics(qg, local, owner, row, group, *options)
+    if roc_auc:
+        out["roc_auc"] = _shard_auc.sharded_roc_auc(qg, local, owner, row, group, *options[2:]).to(torch.float32)
+    return out

@@ -54,7 +54,7 @@ class EmbeddingMetrics(SampleAccumulator):
             ``"gather"``: every process gathers every sample and computes everything (torchmetrics' usual way).
             Both give identical values. Sharding covers the ranking metrics (with categories, per-class keys
             and intervals), the full-ranking ones (``mrr``, ``map_full``, ``minp``) and the pair metrics
-            ``fmr_vals``, ``eer`` and ``min_dcf_p_target``; with ``roc_auc``, ``pcf_variance`` or
+            ``fmr_vals``, ``eer``, ``min_dcf_p_target`` and ``roc_auc``; with ``pcf_variance`` or
             ``clustering`` the samples are gathered.
             One process: no difference.
         kwargs: the retrieval options, the fields of

@@ -61,9 +61,9 @@ class FNMRAtFMR(SampleAccumulator):
         distributed: under DDP, ``"shard"`` (default): each process keeps its own samples; only the small fields
             (labels, ids, dataset indexes) are gathered and the passes over the pairs move blocks of rows
             between processes (each pair computed on one process, the histograms summed), with the values of
-            one process. ``"gather"``: every process gathers every sample and computes everything. ``roc_auc``
-            is not sharded: with it ``compute`` gathers. ``operating_points``, ``det_curve`` and ``plot_curve``
-            always gather.
+            one process; ``roc_auc`` too (each process places its pairs' negatives among every positive, the
+            counts summed). ``"gather"``: every process gathers every sample and computes everything.
+            ``operating_points``, ``det_curve`` and ``plot_curve`` always gather.
         kwargs: torchmetrics' options (``compute_on_cpu``, ``sync_on_compute``, ``process_group``, ...);
             any other keyword is an error.
 
@@ -188,8 +188,8 @@ class FNMRAtFMR(SampleAccumulator):
     # ---- sharded mode -------------------------------------------------------------------------------------------
 
     def _sharded_values(self) -> bool:
-        """No ``roc_auc`` (see ``metrics._shard_pairs``), and not while a curve gathers the states."""
-        return not (self.roc_auc or self._gather_always)
+        """Not while a curve gathers the states."""
+        return not self._gather_always
 
     def compute(self) -> dict[str, Tensor]:
         """The values over every sample of every process (sharded or gathered, identical values)."""
@@ -200,7 +200,7 @@ class FNMRAtFMR(SampleAccumulator):
         request = RateRequest(self.eer, self.min_dcf_p_target, self.dcf_costs)
         options = (self.distance, self.label_comparison_fn, self.chunk_size)
         with shown(self.progress):
-            return sharded_pair_compute(self, self.process_group, self.fmr_vals, request, *options)
+            return sharded_pair_compute(self, self.process_group, self.fmr_vals, request, *options, self.roc_auc)
 
     def _gathered_fields(self) -> dict[str, Tensor | None]:
         """The samples of every process (gathered whatever ``distributed`` says)."""

@@ -1,0 +1,112 @@
+"""ROC AUC in sharded mode: every rank keeps its embeddings, the value is one process's, bit for bit.
+
+On one process (``functional._pair_auc``) the positive pairs are listed from the labels with their canonical
+distances and sorted; one pass over float64 blocks of inner products then places every eligible negative pair
+among them, counting the positives strictly below (``below``) and equal to (``equal``) its distance, and the
+area is ``(below + equal / 2) / (n_pos * n_neg)``. Each negative's decision is exact and independent of the
+block that computes it: where a block's rigorous bound is ambiguous the pair takes its canonical distance,
+computed pair by pair, the same on any rank and in any company. So any partition of the ordered pairs gives the
+same integer counts, and the ranks share them out as (visiting query block) x (this rank's gallery shard), in
+the rounds of ``_shard_full_ranking``: each round every rank's next block of its own queries is all-gathered
+(rows and embeddings) and every rank works on the visiting block against its shard
+(``_shard_search._restrict_gallery``: global rules and self index remapped, ``same_set=False``, so each ordered
+pair is computed once, by the rank holding its gallery item, and no block is mirrored). The number of rounds is
+the largest over ranks (an ``all_reduce`` MAX), so every rank enters the same collectives.
+
+1. *positives*: in the rounds each rank lists the positive pairs of its sub-problems with their canonical
+   distances (``_pair_auc._positives``); they are all-gathered and sorted on every rank (the multiset of every
+   positive pair's distance: one process's sorted positives, whatever the order of the parts). ``n_pos`` is
+   their number, ``n_neg`` the eligible pairs of the global labels and rules minus ``n_pos``, as on one process.
+2. *negatives*: in the rounds again each rank places the negatives of its sub-problems among all positives
+   (``_pair_auc.place_negatives``); ``below`` and ``equal`` are summed with one int64 ``all_reduce``.
+
+The counts are integers, so their sum is exact, and the final division is the one-process Python expression on
+the same integers. Without positive or negative pairs every rank returns NaN with the one-process warning (the
+counts are global, so every rank takes that way, and no rank enters the second rounds).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from torchmetrics_retrieval.functional._pair_auc import _Positives, _positives, nan_without_pairs, place_negatives
+from torchmetrics_retrieval.functional._progress import section
+from torchmetrics_retrieval.functional._search.problem import Problem, make_problem
+from torchmetrics_retrieval.functional._sets import QueryGallery
+from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
+from torchmetrics_retrieval.metrics._shard_search import QUERY_BLOCK, _restrict_gallery, gather
+
+__all__ = ["sharded_roc_auc"]
+
+
+class _Rounds:
+    """The sub-problems of this rank: every rank's query blocks, in turn, against this rank's gallery shard."""
+
+    def __init__(self, qg: QueryGallery, local: Tensor, owner: Tensor, row: Tensor, distance: str, group: Any) -> None:
+        self.qg, self.local, self.row, self.distance, self.group = qg, local, row, distance, group
+        rank = dist.get_rank(group)
+        columns = torch.nonzero(owner[qg.gallery_positions] == rank).flatten()  # global gallery positions
+        self.shard = _restrict_gallery(qg, columns, local[row[qg.gallery_positions[columns]]])
+        self.queries = torch.nonzero(owner[qg.query_positions] == rank).flatten()  # this rank's query rows
+        rounds = torch.tensor([math.ceil(self.queries.numel() / QUERY_BLOCK)], device=local.device)
+        dist.all_reduce(rounds, op=dist.ReduceOp.MAX, group=group)
+        self.n_rounds = int(rounds)
+
+    def __iter__(self) -> Iterator[tuple[QueryGallery, Problem] | None]:
+        """``(sub-problem, its problem)`` per round; ``None`` when this rank has nothing to do in the round."""
+        for b in range(self.n_rounds):
+            mine = self.queries[b * QUERY_BLOCK : (b + 1) * QUERY_BLOCK]
+            visiting_rows = torch.cat(gather(mine, self.group))
+            visiting = torch.cat(gather(self.local[self.row[self.qg.query_positions[mine]]], self.group))
+            if not (visiting.shape[0] and self.shard.gallery.shape[0]):
+                yield None
+                continue
+            sub = self.shard.take(visiting_rows)._replace(query=visiting)
+            yield sub, make_problem(sub.query, sub.gallery, self.distance, sub.exclusions(), same_set=False)
+
+    def n_pairs(self) -> int:
+        """The ordered pairs of this rank's sub-problems (its progress bar's total)."""
+        return self.qg.query.shape[0] * self.shard.gallery.shape[0]
+
+
+def sharded_roc_auc(
+    qg: QueryGallery,
+    local: Tensor,
+    owner: Tensor,
+    row: Tensor,
+    group: Any,
+    distance: str,
+    label_comparison_fn: LabelComparisonFn | None,
+    chunk_size: int | None,
+) -> Tensor:
+    """``roc_auc`` (float64, 0-dim) of ``qg`` (a problem over the global set: positions are global rows, the
+    embeddings placeholders) whose rows ``owner`` holds as its ``local`` row ``row`` (checked rows): on every
+    rank the value of ``functional._pair_auc.roc_auc_of_pairs`` over the global set. Every rank must call it."""
+    device = local.device
+    rounds = _Rounds(qg, local, owner, row, distance, group)
+    found = [_positives(*part, label_comparison_fn) for part in rounds if part is not None]
+    mine = torch.cat(found) if found else local.new_zeros((0,))
+    positive_distances = torch.cat(gather(mine, group))
+    n_positive = positive_distances.numel()
+    n_eligible = int(qg.exclusions().count_eligible(qg.query.shape[0], qg.gallery.shape[0], device).sum())
+    n_negative = n_eligible - n_positive
+    undefined = nan_without_pairs(n_positive, n_negative, device)
+    if undefined is not None:
+        return undefined
+    positives = _Positives(positive_distances)
+    counts = torch.zeros(2, dtype=torch.int64, device=device)
+    with section("pairs, ROC AUC", rounds.n_pairs()):
+        for part in rounds:
+            if part is not None:
+                placed = place_negatives(*part, positives, label_comparison_fn, chunk_size)
+                counts += torch.tensor(placed, device=device)
+    dist.all_reduce(counts, group=group)
+    below, equal = (int(v) for v in counts)
+    area = (below + 0.5 * equal) / (n_positive * n_negative)  # Python ints: one process's expression
+    return torch.tensor(area, dtype=torch.float64, device=device)
