@@ -19,10 +19,10 @@ from torchmetrics import MetricCollection
 
 from tests.metrics._distributed import run_distributed, sampler_rows
 from tests.metrics._helpers import split_points
+from torchmetrics_retrieval.functional._search.keys import largest_norm
 from torchmetrics_retrieval.functional.contrastive import (
     _count_above,
     _count_more_similar,
-    _max_norm,
     _pair_dots,
     _prepare,
     _rounding_bound,
@@ -427,7 +427,7 @@ def test_counts_over_a_split_of_rows_and_candidates_add_up(normalize: bool) -> N
         above_1, above_2 = _count_more_similar(a, b, chunk=5)
         idx = torch.arange(N_SHARDED)
         partner = _pair_dots(a, b, idx, idx)
-        tol = _rounding_bound(a.shape[1], a.dtype, _max_norm(a), _max_norm(b))
+        tol = _rounding_bound(a.shape[1], a.dtype, largest_norm(a), largest_norm(b))
         shards = torch.randperm(N_SHARDED, generator=torch.Generator().manual_seed(1)).tensor_split([10, 10, 22])
         blocks = idx.tensor_split([7, 8, 20])  # an empty block and an empty shard included
         summed_1, summed_2 = torch.zeros_like(above_1), torch.zeros_like(above_2)

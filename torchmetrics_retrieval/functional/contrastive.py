@@ -27,6 +27,7 @@ from torchmetrics_retrieval.functional._checks import (
     describe,
 )
 from torchmetrics_retrieval.functional._precision import ieee_float32_matmul
+from torchmetrics_retrieval.functional._search.keys import largest_norm
 
 __all__ = ["contrastive_accuracy"]
 
@@ -66,11 +67,6 @@ def _pair_dots(a: Tensor, b: Tensor, i: Tensor, j: Tensor) -> Tensor:
         for s in range(0, i.numel(), PAIR_PIECE)
     ]
     return torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.float64, device=a.device)
-
-
-def _max_norm(x: Tensor) -> float:
-    """The largest L2 norm of the rows of ``x`` (in float64; 0 without rows)."""
-    return float(x.to(torch.float64).norm(dim=1).max()) if x.shape[0] else 0.0
 
 
 def _rounding_bound(d: int, dtype: torch.dtype, max_norm_a: float, max_norm_b: float) -> float:
@@ -134,7 +130,7 @@ def _count_more_similar(a: Tensor, b: Tensor, chunk: int) -> tuple[Tensor, Tenso
     """
     idx = torch.arange(a.shape[0], device=a.device)
     partner = _pair_dots(a, b, idx, idx)
-    tol = _rounding_bound(a.shape[1], a.dtype, _max_norm(a), _max_norm(b))
+    tol = _rounding_bound(a.shape[1], a.dtype, largest_norm(a), largest_norm(b))
     return _count_above(a, b, partner, partner, tol, chunk)
 
 

@@ -43,6 +43,7 @@ from torchmetrics_retrieval.functional._pair_quantiles import (
     statistics,
 )
 from torchmetrics_retrieval.functional._pair_rates import RateRequest
+from torchmetrics_retrieval.functional._search.keys import largest_norm
 from torchmetrics_retrieval.functional._search.types import DISTANCES, Distance
 from torchmetrics_retrieval.functional._sets import PairedIds, QueryGallery, split_query_gallery
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
@@ -89,12 +90,7 @@ def _distance_bounds(query: Tensor, gallery: Tensor, distance: str) -> tuple[flo
     """Bounds of every distance by the Cauchy-Schwarz inequality (rounding may cross them: buckets clamp)."""
     if distance == "cosine":
         return 0.0, 2.0
-    return _bounds_of_norms(_largest_norm(query), _largest_norm(gallery), distance)
-
-
-def _largest_norm(rows: Tensor) -> float:
-    """The largest L2 norm of the rows, from float64."""
-    return float(rows.to(torch.float64).norm(dim=1).max())
+    return _bounds_of_norms(largest_norm(query), largest_norm(gallery), distance)
 
 
 def _bounds_of_norms(q_max: float, g_max: float, distance: str) -> tuple[float, float]:

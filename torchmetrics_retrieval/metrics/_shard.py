@@ -42,7 +42,6 @@ from torchmetrics_retrieval.functional.identification import _dir_at_fpir_comput
 from torchmetrics_retrieval.functional.reduction import _apply_empty_target_action_compute
 from torchmetrics_retrieval.functional.relevance import _relevance_matrix_compute
 from torchmetrics_retrieval.functional.retrieval import reduce_per_query
-from torchmetrics_retrieval.metrics import _shard_auc
 from torchmetrics_retrieval.metrics._shard_full_ranking import ShardedRanks
 from torchmetrics_retrieval.metrics._shard_search import gather, one_sided_top_k, symmetric_fits, symmetric_top_k
 from torchmetrics_retrieval.metrics._state import _concat, _layout, _templates, deduplicate, upcast_half
@@ -154,9 +153,7 @@ def sharded_compute(metric: Any, group: Any) -> tuple[dict[str, Tensor], Retriev
 
     request = RateRequest(options.eer, options.min_dcf_p_target, options.dcf_costs)
     pairs = (options.fmr_vals, request, options.distance, options.label_comparison_fn, options.chunk_size)
-    metrics.update(sharded_pair_metrics(qg, local, owner, row, group, *pairs))
-    if options.roc_auc:
-        metrics["roc_auc"] = _shard_auc.sharded_roc_auc(qg, local, owner, row, group, *pairs[2:]).to(torch.float32)
+    metrics.update(sharded_pair_metrics(qg, local, owner, row, group, *pairs, options.roc_auc))
     return metrics, result, indexes
 
 

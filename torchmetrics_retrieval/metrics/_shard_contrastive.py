@@ -33,10 +33,10 @@ import torch.distributed as dist
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._checks import check_embeddings
+from torchmetrics_retrieval.functional._search.keys import largest_norm
 from torchmetrics_retrieval.functional.contrastive import (
     DEFAULT_CHUNK,
     _count_above,
-    _max_norm,
     _pair_dots,
     _prepare,
     _rounding_bound,
@@ -92,7 +92,7 @@ def sharded_contrastive(metric: Any, group: Any) -> Tensor | dict[str, Tensor]:
     k = torch.tensor(ks, device=a.device)
     own = torch.arange(a.shape[0], device=a.device)
     partner = _pair_dots(a, b, own, own)
-    norms = torch.tensor([_max_norm(a), _max_norm(b)], dtype=torch.float64, device=a.device)
+    norms = torch.tensor([largest_norm(a), largest_norm(b)], dtype=torch.float64, device=a.device)
     dist.all_reduce(norms, op=dist.ReduceOp.MAX, group=group)
     tol = _rounding_bound(a.shape[1], a.dtype, float(norms[0]), float(norms[1]))
     chunk = metric.chunk_size or DEFAULT_CHUNK

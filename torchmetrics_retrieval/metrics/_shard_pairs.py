@@ -212,15 +212,21 @@ def sharded_pair_metrics(
     distance: str,
     label_comparison_fn: LabelComparisonFn | None,
     chunk_size: int | None,
+    roc_auc: bool = False,
 ) -> dict[str, Tensor]:
-    """``fnmr@fmr/{f}``, ``tar@far/{f}``, ``eer``, ``min_dcf/{p}`` of ``qg`` (as ``ShardedPairs``), on every rank
-    the values of ``functional.verification.pair_metrics`` over the global set (``local``: checked rows)."""
-    if not (fmr_vals or request.eer or request.p_targets):
-        return {}
-    buckets = _buckets(qg, local, owner, row, distance, group)
-    source = ShardedPairs(qg, local, owner, row, group, distance, label_comparison_fn, chunk_size)
-    found = statistics(source, buckets, fmr_vals, request, qg.query.device, _Totals(group))
-    return statistics_keys(found, fmr_vals)
+    """``fnmr@fmr/{f}``, ``tar@far/{f}``, ``eer``, ``min_dcf/{p}`` of ``qg`` (as ``ShardedPairs``) and, with
+    ``roc_auc``, ``roc_auc`` (``_shard_auc``): on every rank the values of ``functional.verification.pair_metrics``
+    over the global set (``local``: checked rows)."""
+    out: dict[str, Tensor] = {}
+    if fmr_vals or request.eer or request.p_targets:
+        buckets = _buckets(qg, local, owner, row, distance, group)
+        source = ShardedPairs(qg, local, owner, row, group, distance, label_comparison_fn, chunk_size)
+        found = statistics(source, buckets, fmr_vals, request, qg.query.device, _Totals(group))
+        out.update(statistics_keys(found, fmr_vals))
+    if roc_auc:
+        auc = _shard_auc.sharded_roc_auc(qg, local, owner, row, group, distance, label_comparison_fn, chunk_size)
+        out["roc_auc"] = auc.to(torch.float32)
+    return out
 
 
 def sharded_pair_compute(
@@ -236,8 +242,5 @@ def sharded_pair_compute(
     """The pair metrics of a sample accumulator whose ranks keep their samples (``FNMRAtFMR``); with ``roc_auc``
     also ``roc_auc`` (``_shard_auc``)."""
     qg, local, owner, row, _ = global_problem(metric, group, distance)
-    options = (fmr_vals, request, distance, label_comparison_fn, chunk_size)
-    out = sharded_pair_metrics(qg, local, owner, row, group, *options)
-    if roc_auc:
-        out["roc_auc"] = _shard_auc.sharded_roc_auc(qg, local, owner, row, group, *options[2:]).to(torch.float32)
-    return out
+    options = (fmr_vals, request, distance, label_comparison_fn, chunk_size, roc_auc)
+    return sharded_pair_metrics(qg, local, owner, row, group, *options)

@@ -30,6 +30,7 @@ __all__ = [
     "compute_dtype",
     "distances_from_dots",
     "exact_block",
+    "largest_norm",
     "order_key",
     "prepare",
     "self_dots",
@@ -167,11 +168,16 @@ def _lazy_dots(rows: Tensor, cols: Tensor, query64: Rows64, gallery64: Rows64) -
     return out
 
 
+def largest_norm(rows: Tensor) -> float:
+    """The largest L2 norm of the rows, from float64 (0 without rows)."""
+    return float(rows.to(torch.float64).norm(dim=1).max()) if rows.shape[0] else 0.0
+
+
 def self_dots(x64: Rows64) -> Tensor:
     """``<x_i, x_i>`` by the same kernel as :func:`canonical_dots` (so exact duplicates get distance 0)."""
     if isinstance(x64, Float64Rows):  # block by block: one block of float64 rows at a time
-        step = max(1, _LAZY_PAIRS)
-        return torch.cat([self_dots(x64[start : start + step]) for start in range(0, x64.shape[0], step)])
+        blocks = range(0, x64.shape[0], _LAZY_PAIRS)
+        return torch.cat([self_dots(x64[start : start + _LAZY_PAIRS]) for start in blocks])
     idx = torch.arange(x64.shape[0], device=x64.device)
     return canonical_dots(idx, idx, x64, x64)
 
