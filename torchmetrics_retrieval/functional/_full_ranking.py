@@ -35,7 +35,7 @@ from torchmetrics_retrieval.functional._search.certify import canonical_distance
 from torchmetrics_retrieval.functional._search.key_blocks import key_blocks
 from torchmetrics_retrieval.functional._search.problem import Problem, make_problem, rounding_terms
 from torchmetrics_retrieval.functional._sets import QueryGallery
-from torchmetrics_retrieval.functional.relevance import _label_match_compute
+from torchmetrics_retrieval.functional.relevance import _dense_label_ids, _label_match_compute
 
 __all__ = ["relevant_ranks"]
 
@@ -61,7 +61,7 @@ class _Thresholds:
         """``listed``: the pairs' reported distances and their gallery items' canonical squared norms, when the
         pairs were listed elsewhere (a shard of the gallery: ``pair_cols`` are then the items' *virtual*
         positions in it, see ``metrics._shard_full_ranking``, and pairs of equal distance come in tie order)."""
-        self.symmetric = symmetric
+        self.symmetric, self.last = symmetric, last
         device, dtype = rows.device, problem.dtype
         if listed is None:
             distances, gallery_sq = canonical_distances(problem, rows, pair_rows, pair_cols).to(dtype), None
@@ -81,6 +81,7 @@ class _Thresholds:
         self.distances[pair_rows[keep], slot[keep]] = distances[keep]
         self.positions[pair_rows[keep], slot[keep]] = pair_cols[keep]
         self.filled = per_row.clamp(max=m)
+        self.n_listed = per_row  # the row's relevant pairs, thresholds or not
         threshold_sq = None
         if gallery_sq is not None:  # the items' norms, which the shard's own gallery may not hold
             threshold_sq = torch.zeros((rows.numel(), m), dtype=torch.float64, device=device)
@@ -204,7 +205,14 @@ class _Counter:
     compiled kernels on the CPU (parallel over rows), batched ``searchsorted`` elsewhere, with the same rule.
     """
 
-    def __init__(self, problem: Problem, rows: Tensor, thresholds: _Thresholds, tolerance: Tensor) -> None:
+    def __init__(
+        self,
+        problem: Problem,
+        rows: Tensor,
+        thresholds: _Thresholds,
+        tolerance: Tensor,
+        label_ids: tuple[Tensor, Tensor] | None = None,
+    ) -> None:
         n_rows, m = thresholds.distances.shape
         self.thresholds, self.tolerance = thresholds, tolerance
         self.hist = torch.zeros(n_rows, m + 1, dtype=torch.long, device=rows.device)
@@ -228,6 +236,14 @@ class _Counter:
             )  # fmt: skip
             count_kernels.build_table(*table)
             self.table = table
+            # The relevant items are the thresholds: with label ids the kernels skip them and ``counts`` adds
+            # their known bins (ids that never match: nothing skipped).
+            self.skip_relevant = label_ids is not None
+            if label_ids is not None:
+                self.query_ids, self.item_ids = label_ids[0][rows].numpy(), label_ids[1].numpy()
+            else:
+                self.query_ids = np.full(n_rows, -1, dtype=np.int64)
+                self.item_ids = np.full(problem.gallery.shape[0], -2, dtype=np.int64)
 
     def add(self, keys: Tensor, rs: slice, c0: int, mask: Tensor | None, transposed: bool = False) -> None:
         """Count a block of keys of the rows ``rs`` against the gallery columns from ``c0`` (``transposed``: the
@@ -254,7 +270,8 @@ class _Counter:
     def _add_compiled(self, keys: Tensor, rs: slice, c0: int, mask: Tensor | None, transposed: bool) -> None:
         mask_np = np.ones((1, 1), dtype=np.bool_) if mask is None else mask.numpy()
         table = tuple(a[rs] for a in self.table)
-        args = (keys.numpy(), c0, self.own_np[rs], mask_np, mask is not None, table)
+        item_ids = self.item_ids[c0 : c0 + (keys.shape[0] if transposed else keys.shape[1])]
+        args = (keys.numpy(), c0, self.own_np[rs], mask_np, mask is not None, self.query_ids[rs], item_ids, table)
         n_rows = rs.stop - rs.start
         n_ambiguous = np.zeros(n_rows, dtype=np.int64)
         held = np.empty((n_rows, plan.AMBIGUOUS_PER_ROW), dtype=np.int64)
@@ -284,6 +301,11 @@ class _Counter:
     def counts(self, problem: Problem, rows: Tensor) -> Tensor:
         """``(R, m)``: the eligible items before each threshold, once the ambiguous ones are compared exactly."""
         m = self.thresholds.distances.shape[1]
+        if self.compiled and self.skip_relevant:  # a threshold follows those before it; the other relevant
+            # items follow every threshold, or precede the only one (the last relevant item)
+            thresholds = self.thresholds
+            self.hist[:, 1:] += torch.arange(m, device=rows.device)[None, :] < thresholds.filled[:, None]
+            self.hist[:, 0 if thresholds.last else m] += thresholds.n_listed - thresholds.filled
         if self.ambiguous_rows:
             pair_rows, pair_cols = torch.cat(self.ambiguous_rows), torch.cat(self.ambiguous_cols)
             distances = canonical_distances(problem, rows, pair_rows, pair_cols).to(problem.dtype)
@@ -294,10 +316,20 @@ class _Counter:
         return self.hist.cumsum(dim=1)[:, :m]
 
 
-def _count_before(problem: Problem, rows: Tensor, thresholds: _Thresholds, chunk_size: int | None) -> Tensor:
-    """``(R, m)`` int64: eligible gallery items ranked strictly before each threshold of each query."""
+def _count_before(
+    problem: Problem,
+    rows: Tensor,
+    thresholds: _Thresholds,
+    chunk_size: int | None,
+    label_ids: tuple[Tensor, Tensor] | None = None,
+) -> Tensor:
+    """``(R, m)`` int64: eligible gallery items ranked strictly before each threshold of each query.
+
+    ``label_ids``: dense label ids of the queries and the gallery when the thresholds are made from every
+    eligible item sharing the query's id (relevance by label equality); the relevant items are then placed
+    without a comparison."""
     tolerance = key_tolerance(problem, rows, rounding_terms(problem.query.shape[1]))
-    counter = _Counter(problem, rows, thresholds, tolerance)
+    counter = _Counter(problem, rows, thresholds, tolerance, label_ids)
     others = problem.exclusions.take(rows)._replace(self_index=None)  # the rules a block mask serves
     active = thresholds.filled > 0
     for rs, cs, keys, mirrored in key_blocks(problem, rows, chunk_size, thresholds.symmetric):
@@ -332,6 +364,7 @@ def relevant_ranks(
         return torch.zeros(n_query, 0, dtype=torch.long, device=device)
     m = 1 if last else n_max if max_relevant is None else min(max_relevant, n_max)
     problem = make_problem(qg.query, qg.gallery, options.distance, qg.exclusions(), qg.same_set)
+    label_ids = _dense_label_ids(qg.query_labels, qg.gallery_labels) if options.label_comparison_fn is None else None
     ranks = torch.zeros(n_query, m, dtype=torch.long, device=device)
     step = max(1, _BUDGET_ENTRIES // (n_max + 1))
     with section("full ranking", n_query * qg.gallery.shape[0]):
@@ -339,7 +372,7 @@ def relevant_ranks(
             pair_rows, pair_cols = _relevant_pairs(qg, problem, rows, options)
             symmetric = problem.symmetric and rows.numel() == n_query  # the whole set against itself at once
             thresholds = _Thresholds(problem, rows, pair_rows, pair_cols, m, symmetric, last)
-            before = _count_before(problem, rows, thresholds, options.chunk_size)
+            before = _count_before(problem, rows, thresholds, options.chunk_size, label_ids)
             listed = torch.arange(m, device=device)[None, :] < thresholds.filled[:, None]
             ranks[rows] = torch.where(listed, before + 1, 0)
     return ranks

@@ -27,7 +27,6 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional._full_ranking import _relevant_pairs
 from torchmetrics_retrieval.functional._options import RetrievalOptions
-from torchmetrics_retrieval.functional._pair_passes import _dense_label_ids
 from torchmetrics_retrieval.functional._precision import ieee_sqrt
 from torchmetrics_retrieval.functional._progress import advance, section
 from torchmetrics_retrieval.functional._search import plan
@@ -35,7 +34,7 @@ from torchmetrics_retrieval.functional._search.blocks import block_sides
 from torchmetrics_retrieval.functional._search.certify import canonical_distances
 from torchmetrics_retrieval.functional._search.problem import Problem, make_problem
 from torchmetrics_retrieval.functional._sets import QueryGallery
-from torchmetrics_retrieval.functional.relevance import LabelComparisonFn, _label_match_compute
+from torchmetrics_retrieval.functional.relevance import LabelComparisonFn, _dense_label_ids, _label_match_compute
 
 __all__ = ["nan_without_pairs", "place_negatives", "roc_auc_of_pairs"]
 

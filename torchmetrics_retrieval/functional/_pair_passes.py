@@ -28,7 +28,7 @@ from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional._search.key_blocks import KeyBlock, key_blocks, key_form
 from torchmetrics_retrieval.functional._search.problem import Problem, make_problem
 from torchmetrics_retrieval.functional._sets import QueryGallery
-from torchmetrics_retrieval.functional.relevance import LabelComparisonFn, _label_match_compute
+from torchmetrics_retrieval.functional.relevance import LabelComparisonFn, _dense_label_ids, _label_match_compute
 
 __all__ = ["PairPasses"]
 
@@ -36,13 +36,6 @@ __all__ = ["PairPasses"]
 def _pair_kernels() -> Any:
     """The compiled pair kernels (importing them imports numba: on first use only)."""
     return importlib.import_module("torchmetrics_retrieval.functional._search.compiled.pair_kernels")
-
-
-def _dense_label_ids(query_labels: Tensor, gallery_labels: Tensor) -> tuple[Tensor, Tensor]:
-    """Both sides' labels as int64 ids, equal exactly when the labels are equal (rows of 2-D labels as a whole)."""
-    labels = torch.cat([query_labels, gallery_labels])
-    _, ids = torch.unique(labels, dim=0 if labels.ndim == 2 else None, return_inverse=True)
-    return ids[: query_labels.shape[0]], ids[query_labels.shape[0] :]
 
 
 class PairPasses:

@@ -287,3 +287,10 @@ def _count_relevant_compute(
             exclusions.fill_excluded_(match, slice(q0, q1), slice(g0, g1), False)
             counts[q0:q1] += match.sum(dim=1)
     return counts
+
+
+def _dense_label_ids(query_labels: Tensor, gallery_labels: Tensor) -> tuple[Tensor, Tensor]:
+    """Both sides' labels as int64 ids, equal exactly when the labels are equal (rows of 2-D labels as a whole)."""
+    labels = torch.cat([query_labels, gallery_labels])
+    _, ids = torch.unique(labels, dim=0 if labels.ndim == 2 else None, return_inverse=True)
+    return ids[: query_labels.shape[0]], ids[query_labels.shape[0] :]

@@ -5,11 +5,16 @@ Every query ``q`` carries ``filled[q]`` sorted thresholds, each as a bracket ``[
 keys: an item whose key lies below ``lower[q, j]`` by more than the query's rounding bound ``tol[q]`` is
 certainly ranked before threshold ``j``; above ``upper[q, j]`` by more than it, certainly after. An eligible
 item is counted in ``hist[q, b]``, ``b`` the number of thresholds it certainly follows, when it certainly
-precedes the others; otherwise it is *ambiguous* and listed for an exact comparison.
+precedes the others; otherwise it is *ambiguous* and listed for an exact comparison. An item whose label id equals
+its query's (``query_ids``, ``item_ids``; ids that never match when the caller does not skip) is skipped: it is
+one of the query's relevant items, whose place among the thresholds (made from those very items) the caller
+knows without comparing.
 
 The per-query arrays travel as one tuple ``table = (lower, upper, filled, tol, lut, base, scale)``. ``lut``
 is a lookup table over ``[base, last]`` (``last``: above it an item follows every threshold): bucket
-``(key - base) * scale`` holds how many thresholds every key of the bucket certainly follows.
+``(key - base) * scale`` holds ``f``, how many thresholds every key of the bucket certainly follows, when every key
+of the bucket also certainly precedes the next threshold (a *pure* bucket: its keys' bin is ``f`` with no more
+work), and ``-1 - f`` when a threshold's bracket reaches into it.
 """
 
 from __future__ import annotations
@@ -42,7 +47,12 @@ def build_table(lower, upper, filled, tol, lut, base, scale):
         for b in range(n_buckets):
             while first < n and upper[q, first] + tol[q] < low + b * width - margin:
                 first += 1
-            lut[q, b] = first if scale[q] > 0.0 or b == 0 else 0
+            if scale[q] == 0.0:  # one bucket holds every key: never pure
+                lut[q, b] = -1 if b == 0 else 0
+                continue
+            # the last bucket also takes the keys rounded past the table's end: never pure
+            pure = b < n_buckets - 1 and (first == n or lower[q, first] - tol[q] > low + (b + 1) * width + margin)
+            lut[q, b] = first if pure else -1 - first
 
 
 @inline
@@ -52,7 +62,12 @@ def _bin(lower, upper, filled, tol, lut, base, scale, q, key):
     # than the gap between most thresholds, so the walk rarely takes a step (a binary search would take
     # several, each a mispredicted branch or a dependent load).
     offset = key - base[q]
-    first = lut[q, min(np.int64(offset * scale[q]), lut.shape[1] - 1)] if offset >= 0.0 else 0
+    first = 0
+    if offset >= 0.0:
+        entry = lut[q, min(np.int64(offset * scale[q]), lut.shape[1] - 1)]
+        if entry >= 0:  # a pure bucket
+            return entry
+        first = -1 - entry
     n = filled[q]
     below = key - tol[q]
     while first < n and upper[q, first] < below:
@@ -68,7 +83,7 @@ def _last(upper, filled, tol, q):
 
 
 @inline
-def _row(keys, r, col0, own, mask, has_mask, table, hist, out_cols, counting):
+def _row(keys, r, col0, own, mask, has_mask, query_ids, item_ids, table, hist, out_cols, counting):
     # Row r of a block. ``counting``: add the certain items to ``hist`` and write the first ambiguous ones (as
     # many as ``out_cols`` holds); otherwise write every ambiguous one. Returns the number of ambiguous items.
     lower, upper, filled, tol, lut, base, scale = table  # once per row: unpacking arrays counts references
@@ -77,7 +92,7 @@ def _row(keys, r, col0, own, mask, has_mask, table, hist, out_cols, counting):
     ambiguous = 0
     for c in range(keys.shape[1]):
         key = np.float64(keys[r, c])
-        if key > last or col0 + c == own[r] or (has_mask and not mask[r, c]):
+        if key > last or col0 + c == own[r] or query_ids[r] == item_ids[c] or (has_mask and not mask[r, c]):
             continue
         found = _bin(lower, upper, filled, tol, lut, base, scale, r, key)
         if found != _AMBIGUOUS:
@@ -91,24 +106,25 @@ def _row(keys, r, col0, own, mask, has_mask, table, hist, out_cols, counting):
 
 
 @pjit
-def count_rows(keys, col0, own, mask, has_mask, table, hist, n_ambiguous, out_cols):
+def count_rows(keys, col0, own, mask, has_mask, query_ids, item_ids, table, hist, n_ambiguous, out_cols):
     """Add the block's certain items to ``hist``; per row, the number of ambiguous items to ``n_ambiguous``
     and the gallery positions of the first ``out_cols.shape[1]`` of them to ``out_cols``."""
     for r in prange(keys.shape[0]):
-        n_ambiguous[r] = _row(keys, r, col0, own, mask, has_mask, table, hist, out_cols[r], True)
+        n_ambiguous[r] = _row(keys, r, col0, own, mask, has_mask, query_ids, item_ids, table, hist, out_cols[r], True)
 
 
 @pjit
-def list_ambiguous(keys, col0, own, mask, has_mask, table, rows, offsets, out_cols):
+def list_ambiguous(keys, col0, own, mask, has_mask, query_ids, item_ids, table, rows, offsets, out_cols):
     """Every ambiguous item of the block rows ``rows``, row ``rows[i]``'s from ``offsets[i]`` to ``offsets[i + 1]``
     (for the rows whose items did not fit ``count_rows``'s buffers)."""
     unused = np.zeros((1, 1), dtype=np.int64)
     for i in prange(rows.shape[0]):
-        _row(keys, rows[i], col0, own, mask, has_mask, table, unused, out_cols[offsets[i] : offsets[i + 1]], False)
+        out = out_cols[offsets[i] : offsets[i + 1]]
+        _row(keys, rows[i], col0, own, mask, has_mask, query_ids, item_ids, table, unused, out, False)
 
 
 @pjit
-def count_columns(keys, row0, own, mask, has_mask, table, hist, n_ambiguous, out_cols):
+def count_columns(keys, row0, own, mask, has_mask, query_ids, item_ids, table, hist, n_ambiguous, out_cols):
     """``count_rows`` with the queries along the columns of ``keys`` and the items along its rows (the
     transposed use of a symmetric block), reading the block in row order: threads take groups of 16 columns."""
     n_cols = keys.shape[1]
@@ -123,7 +139,7 @@ def count_columns(keys, row0, own, mask, has_mask, table, hist, n_ambiguous, out
             for i in range(width):
                 key = np.float64(keys[r, j0 + i])
                 j = j0 + i
-                if key > last[i] or row0 + r == own[j] or (has_mask and not mask[r, j]):
+                if key > last[i] or row0 + r == own[j] or query_ids[j] == item_ids[r] or (has_mask and not mask[r, j]):
                     continue
                 found = _bin(lower, upper, filled, tol, lut, base, scale, j, key)
                 if found != _AMBIGUOUS:
