@@ -220,7 +220,8 @@ class _Counter:
         self.own = own[rows] if own is not None else torch.full((n_rows,), -1, dtype=torch.long, device=rows.device)
         self.ambiguous_rows: list[Tensor] = []
         self.ambiguous_cols: list[Tensor] = []
-        self.compiled = plan.use_compiled(rows.device, n_rows, problem.gallery.shape[0])
+        # decided for the whole problem, not this chunk of its queries (a last, smaller chunk included)
+        self.compiled = plan.use_compiled(rows.device, problem.query.shape[0], problem.gallery.shape[0])
         if self.compiled:
             from torchmetrics_retrieval.functional._search.compiled import count_kernels
             from torchmetrics_retrieval.functional._search.compiled.buffer import kernel_threads

@@ -54,9 +54,10 @@ MaskFn = Callable[[Tensor, slice, "slice | Tensor"], object]
 KeyFn = Callable[[slice, "slice | Tensor"], Tensor]
 
 
-def _new_buffer(kp: int, tau: Tensor, n_gallery: int) -> TorchBuffer | CompiledBuffer:
-    """Compiled scans on the CPU for large searches (when numba is there), torch passes elsewhere."""
-    if plan.use_compiled(tau.device, tau.shape[0], n_gallery):
+def _new_buffer(kp: int, tau: Tensor, n_gallery: int, compiled: bool | None = None) -> TorchBuffer | CompiledBuffer:
+    """Compiled scans on the CPU for large searches (when numba is there), torch passes elsewhere; ``compiled``
+    (None: decided by the size of this search) when the caller decided it for a larger search."""
+    if plan.use_compiled(tau.device, tau.shape[0], n_gallery) if compiled is None else compiled:
         return CompiledBuffer(kp, tau, plan.buffer_width(kp))
     return TorchBuffer(kp, tau)
 
@@ -170,6 +171,7 @@ def stream_topk(
     rows_per_chunk: int,
     cols_per_block: int,
     estimate: bool = False,
+    compiled: bool | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The ``kp`` smallest keys ``bias[g] + alpha * <q, g>`` of every query against a gallery.
 
@@ -183,6 +185,8 @@ def stream_topk(
             columns (slices, or an index tensor of gallery columns for the sample pre-pass).
         rows_per_chunk, cols_per_block: block sides.
         estimate: start from estimated thresholds (see :func:`sample_thresholds`).
+        compiled: scan with the compiled kernels (None: when these queries alone are a large search); a
+            search taken in groups of queries decides it once for all of them.
 
     Returns:
         ``(keys (Q, kp), positions (Q, kp), floors (Q,))``: +inf keys where a query has fewer candidates;
@@ -192,7 +196,7 @@ def stream_topk(
     key_fn = addmm_keys(query, gallery, bias, alpha)
     n_query, n_gallery = query.shape[0], gallery.shape[0]
     tau, _ = sample_thresholds(n_query, n_gallery, key_fn, kp, mask_fn, rows_per_chunk, estimate)
-    buffer = _new_buffer(kp, tau, n_gallery)
+    buffer = _new_buffer(kp, tau, n_gallery, compiled)
     for q0 in range(0, n_query, rows_per_chunk):
         rows = slice(q0, min(q0 + rows_per_chunk, n_query))
         for g0 in range(0, n_gallery, cols_per_block):

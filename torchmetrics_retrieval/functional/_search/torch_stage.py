@@ -163,5 +163,7 @@ class TorchStage:
             rows_per_chunk=self.rows,
             cols_per_block=self.cols,
             estimate=estimate,
+            # the whole search decides, not this group of its queries (a last, smaller group included)
+            compiled=plan.use_compiled(rows.device, problem.query.shape[0], self.gallery.shape[0]),
         )
         return self._candidates(found)
