@@ -67,6 +67,20 @@ def test_leave_one_out_matches_scikit_learn(kind: str, distance: str) -> None:
     assert both_paths(query=x, query_labels=labels, distance=distance) == pytest.approx(expected, abs=1e-7)
 
 
+@pytest.mark.parametrize("buckets", [1, 3, 2**17], ids=["one bucket", "crowded buckets", "one per positive"])
+def test_any_lookup_table_places_the_negatives_exactly(buckets: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled kernel's table over the positives: every positive in one bucket (binary search), a few
+    crowded buckets, or one bucket per positive (many empty ones, read without touching a positive)."""
+    from torchmetrics_retrieval.functional import _pair_auc
+
+    monkeypatch.setattr(_pair_auc, "_LUT_ENTRIES", buckets)
+    for kind in ("integer ties", "continuous"):
+        x, labels = data(kind, n=64, seed=5)
+        positive = (labels[:, None] == labels[None, :]).numpy()
+        expected = sklearn_auc(x, x, positive, ~np.eye(len(labels), dtype=bool), "euclidean")
+        assert both_paths(query=x, query_labels=labels) == pytest.approx(expected, abs=1e-7)
+
+
 def test_separate_gallery_masks_and_exclusion_rules() -> None:
     x, labels = data("integer ties", n=60, seed=3)
     g = torch.Generator().manual_seed(4)

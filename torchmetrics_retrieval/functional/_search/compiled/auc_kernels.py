@@ -7,8 +7,9 @@ canonical formula with a rigorous error bound ``err`` (both the block's and the 
 bracket are rounded to float32. Where they round alike the float32 canonical distance is known without computing
 it; elsewhere (about one pair in ten million, and near-duplicates under L2) the pair is left to the caller.
 A known negative distance ``c`` is then placed among the sorted positive distances with a lookup table
-(``lut[b]``: the first positive in bucket ``b`` or later) and a short walk: it adds the positives strictly below it
-and those equal to it. Modes: 0 ``dot``, 1 ``cosine``, 2 ``sqeuclidean``, 3 ``euclidean``.
+(``lut[b]``: the first positive in bucket ``b`` or later, so bucket ``b`` holds ``lut[b]`` to ``lut[b + 1]``): an
+empty bucket answers at once, a crowded one is halved down to a short walk. It adds the positives strictly below
+``c`` and those equal to it. Modes: 0 ``dot``, 1 ``cosine``, 2 ``sqeuclidean``, 3 ``euclidean``.
 """
 
 from __future__ import annotations
@@ -53,7 +54,16 @@ def _place(c, positives, lut, first, inv_width, n_buckets):
     if c > positives[n - 1]:
         return n, 0
     b = np.int64(min((np.float64(c) - first) * inv_width, n_buckets - 1.0))
-    k = lut[b]
+    # the positives of c's bucket: every positive before it is below c, every one after it above
+    k, end = lut[b], lut[b + 1]
+    if k == end:  # no positive in the bucket (most of them where the negatives lie): no positive to read
+        return k, 0
+    while end - k > 8:  # a crowded bucket: halve it
+        mid = (k + end) >> 1
+        if positives[mid] < c:
+            k = mid + 1
+        else:
+            end = mid
     while positives[k] < c:
         k += 1
     e = k
