@@ -185,10 +185,16 @@ def _compiled_block(
     out = np.zeros((dots.shape[0], 3), dtype=np.int64)
     kernels.count_block(*args, positives.table(), out)
     below, equal, undecided = (int(v) for v in out.sum(axis=0))
-    if undecided:
-        rows, cols = (torch.from_numpy(a) for a in kernels.list_undecided(*args))
+    if undecided:  # listed again, only in the rows that have some
+        per_row = out[:, 2]
+        which = np.nonzero(per_row)[0]
+        offsets = np.zeros(which.size + 1, dtype=np.int64)
+        np.cumsum(per_row[which], out=offsets[1:])
+        cols = np.empty(undecided, dtype=np.int64)
+        kernels.list_undecided(*args, which, offsets, cols)
+        rows = torch.from_numpy(np.repeat(which, per_row[which]))
         block_rows = torch.arange(rs.start, rs.stop)
-        exact = canonical_distances(problem, block_rows, rows, cols + cs.start).to(problem.dtype)
+        exact = canonical_distances(problem, block_rows, rows, torch.from_numpy(cols) + cs.start).to(problem.dtype)
         more = positives.place(exact)
         below, equal = below + more[0], equal + more[1]
     return below, equal

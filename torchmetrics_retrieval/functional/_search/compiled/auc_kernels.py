@@ -98,16 +98,19 @@ def count_block(
         out[i, 2] = undecided
 
 
-@numba.njit(cache=True, nogil=True)
-def list_undecided(dots, q_sq, g_sq, q_norm, g_norm, mode, dot_bound, col0, own, mask, has_mask, row_ids, col_ids):
-    """``(rows, cols)`` within the block of the negatives :func:`count_block` left undecided (few: serial)."""
-    rows, cols = [], []
-    for i in range(dots.shape[0]):
+@pjit
+def list_undecided(
+    dots, q_sq, g_sq, q_norm, g_norm, mode, dot_bound, col0, own, mask, has_mask, row_ids, col_ids, rows, offsets, out
+):
+    """The block columns of the negatives :func:`count_block` left undecided in the block rows ``rows`` (those
+    where it counted some): row ``rows[t]``'s go to ``out[offsets[t] : offsets[t + 1]]``."""
+    for t in prange(rows.shape[0]):
+        i = rows[t]
+        k = offsets[t]
         for j in range(dots.shape[1]):
             if row_ids[i] == col_ids[j] or own[i] == col0 + j or (has_mask and not mask[i, j]):
                 continue
             low, high, known = _bracket(dots[i, j], q_sq[i], g_sq[j], q_norm[i], g_norm[j], mode, dot_bound)
             if not known or low != high:
-                rows.append(i)
-                cols.append(j)
-    return np.array(rows, dtype=np.int64), np.array(cols, dtype=np.int64)
+                out[k] = j
+                k += 1
