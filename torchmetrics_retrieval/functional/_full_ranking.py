@@ -62,30 +62,19 @@ class _Thresholds:
         pairs were listed elsewhere (a shard of the gallery: ``pair_cols`` are then the items' *virtual*
         positions in it, see ``metrics._shard_full_ranking``, and pairs of equal distance come in tie order)."""
         self.symmetric, self.last = symmetric, last
-        device, dtype = rows.device, problem.dtype
         if listed is None:
-            distances, gallery_sq = canonical_distances(problem, rows, pair_rows, pair_cols).to(dtype), None
+            distances = canonical_distances(problem, rows, pair_rows, pair_cols).to(problem.dtype)
+            gallery_sq = None
         else:
             distances, gallery_sq = listed
-        # per row, by (distance, position): the pairs come row-major with positions increasing in a row
-        order = _row_major_order(pair_rows, distances)
-        pair_rows, pair_cols, distances = pair_rows[order], pair_cols[order], distances[order]
-        per_row = torch.bincount(pair_rows, minlength=rows.numel())
-        starts = torch.cumsum(per_row, 0) - per_row
-        slot = torch.arange(pair_rows.numel(), device=device) - starts[pair_rows]
-        if last:  # the last relevant item only (``m`` is 1)
-            slot = per_row[pair_rows] - 1 - slot
-        keep = slot < m
-        self.distances = torch.full((rows.numel(), m), float("inf"), dtype=dtype, device=device)
-        self.positions = torch.full((rows.numel(), m), problem.gallery.shape[0], dtype=torch.long, device=device)
-        self.distances[pair_rows[keep], slot[keep]] = distances[keep]
-        self.positions[pair_rows[keep], slot[keep]] = pair_cols[keep]
+        # per row, by (distance, position): the pairs come with positions increasing in a row
+        index, per_row = _per_row_order(pair_rows, distances, rows.numel(), m, last)
+        self.distances = _gather_or(distances, index, float("inf"))
+        self.positions = _gather_or(pair_cols, index, problem.gallery.shape[0])
         self.filled = per_row.clamp(max=m)
         self.n_listed = per_row  # the row's relevant pairs, thresholds or not
-        threshold_sq = None
-        if gallery_sq is not None:  # the items' norms, which the shard's own gallery may not hold
-            threshold_sq = torch.zeros((rows.numel(), m), dtype=torch.float64, device=device)
-            threshold_sq[pair_rows[keep], slot[keep]] = gallery_sq[order][keep]
+        # the items' norms, which the shard's own gallery may not hold
+        threshold_sq = None if gallery_sq is None else _gather_or(gallery_sq.to(torch.float64), index, 0.0)
         self.lower, self.upper = _key_brackets(problem, rows, self.distances, self.positions, symmetric, threshold_sq)
 
     def count_preceding(self, distances: Tensor, positions: Tensor, pair_rows: Tensor, kernels: Any) -> Tensor:
@@ -107,15 +96,39 @@ class _Thresholds:
         return counts
 
 
-def _row_major_order(pair_rows: Tensor, distances: Tensor) -> Tensor:
-    """The stable order of the pairs by (row, distance). For float32 distances one sort of a 64-bit key (the
-    row, then the distance's bits made monotone), else two stable sorts."""
-    if distances.dtype != torch.float32:
-        order = torch.argsort(distances, stable=True)
-        return order[torch.argsort(pair_rows[order], stable=True)]
-    bits = distances.view(torch.int32).to(torch.int64)
-    monotone = torch.where(bits >= 0, bits, -(bits & 0x7FFFFFFF)) + 2**31  # -0.0 and +0.0 alike, like the values
-    return torch.argsort(pair_rows * 2**32 + monotone, stable=True)
+def _per_row_order(pair_rows: Tensor, distances: Tensor, n_rows: int, m: int, last: bool) -> tuple[Tensor, Tensor]:
+    """``(index, per_row)``: per row, the indices of its pairs by distance, ties in the order they are listed
+    (the first ``m``; with ``last`` the last one), ``(n_rows, m)`` with -1 past the row's pairs; and the number
+    of pairs of each row. One sort of a padded row per row, not of the whole list."""
+    device, n_pairs = pair_rows.device, pair_rows.numel()
+    in_rows = n_pairs < 2 or bool((pair_rows[1:] >= pair_rows[:-1]).all())
+    grouped = None if in_rows else torch.argsort(pair_rows, stable=True)
+    if grouped is not None:
+        pair_rows, distances = pair_rows[grouped], distances[grouped]
+    per_row = torch.bincount(pair_rows, minlength=n_rows)
+    starts = torch.cumsum(per_row, 0) - per_row
+    width = max(1, int(per_row.max()) if n_rows else 1)
+    padded = torch.full((n_rows, width), float("inf"), dtype=distances.dtype, device=device)
+    padded[pair_rows, torch.arange(n_pairs, device=device) - starts[pair_rows]] = distances
+    order = torch.sort(padded, dim=1, stable=True).indices  # the padding (+inf) last
+    if last:
+        order = order.gather(1, (per_row - 1).clamp(min=0)[:, None])
+    order = order[:, :m]
+    listed = torch.arange(order.shape[1], device=device)[None, :] < per_row[:, None].clamp(max=1 if last else m)
+    index = (starts[:, None] + order).clamp(max=max(n_pairs - 1, 0))
+    if grouped is not None:
+        index = grouped[index]
+    index = torch.where(listed, index, -1)
+    if index.shape[1] < m:  # fewer pairs in every row than thresholds
+        index = torch.cat([index, index.new_full((n_rows, m - index.shape[1]), -1)], dim=1)
+    return index, per_row
+
+
+def _gather_or(values: Tensor, index: Tensor, fill: float) -> Tensor:
+    """``values[index]``, ``fill`` where the index is -1."""
+    if not values.numel():
+        return torch.full(index.shape, fill, dtype=values.dtype, device=index.device)
+    return torch.where(index >= 0, values[index.clamp(min=0)], fill)
 
 
 def _key_brackets(
