@@ -235,6 +235,7 @@ class _Counter:
         self.ambiguous_cols: list[Tensor] = []
         # decided for the whole problem, not this chunk of its queries (a last, smaller chunk included)
         self.compiled = plan.use_compiled(rows.device, problem.query.shape[0], problem.gallery.shape[0])
+        self.skip_relevant = self.compiled and label_ids is not None
         if self.compiled:
             from torchmetrics_retrieval.functional._search.compiled import count_kernels
             from torchmetrics_retrieval.functional._search.compiled.buffer import kernel_threads
@@ -252,7 +253,6 @@ class _Counter:
             self.table = table
             # The relevant items are the thresholds: with label ids the kernels skip them and ``counts`` adds
             # their known bins (ids that never match: nothing skipped).
-            self.skip_relevant = label_ids is not None
             if label_ids is not None:
                 self.query_ids, self.item_ids = label_ids[0][rows].numpy(), label_ids[1].numpy()
             else:
@@ -315,7 +315,7 @@ class _Counter:
     def counts(self, problem: Problem, rows: Tensor) -> Tensor:
         """``(R, m)``: the eligible items before each threshold, once the ambiguous ones are compared exactly."""
         m = self.thresholds.distances.shape[1]
-        if self.compiled and self.skip_relevant:  # a threshold follows those before it; the other relevant
+        if self.skip_relevant:  # a threshold follows those before it; the other relevant
             # items follow every threshold, or precede the only one (the last relevant item)
             thresholds = self.thresholds
             self.hist[:, 1:] += torch.arange(m, device=rows.device)[None, :] < thresholds.filled[:, None]

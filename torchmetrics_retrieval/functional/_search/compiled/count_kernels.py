@@ -57,10 +57,10 @@ def build_table(lower, upper, filled, tol, lut, base, scale):
 
 @inline
 def _bin(lower, upper, filled, tol, lut, base, scale, q, key):
-    # The bin of ``key``, or -1 when it is ambiguous. The table gives a lower bound of the number of thresholds
-    # the key certainly follows (0 below the table), and a short walk the exact number: a bucket is narrower
-    # than the gap between most thresholds, so the walk rarely takes a step (a binary search would take
-    # several, each a mispredicted branch or a dependent load).
+    # The bin of ``key``, or -1 when it is ambiguous. A pure bucket of the table gives the bin; another bucket a
+    # lower bound of the number of thresholds the key certainly follows (0 below the table), and a short walk
+    # the exact number: a bucket is narrower than the gap between most thresholds, so the walk rarely takes a
+    # step (a binary search would take several, each a mispredicted branch or a dependent load).
     offset = key - base[q]
     first = 0
     if offset >= 0.0:
