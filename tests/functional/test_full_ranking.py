@@ -163,3 +163,12 @@ def test_query_chunks_give_the_same_ranks(compiled: bool, monkeypatch: pytest.Mo
     with plan.force_compiled(compiled):
         got = ours(x, labels, chunk_size=16)
     assert got == pytest.approx(full_metrics(reference.leave_one_out(x, labels)), abs=1e-6)
+
+
+def test_rows_with_more_near_ties_than_the_buffer_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row's near ties beyond the kernel's buffer are listed by a second scan of the block: same values."""
+    x, labels = tied_data(90, seed=9)
+    monkeypatch.setattr(plan, "AMBIGUOUS_PER_ROW", 1)
+    with plan.force_compiled(True):
+        got = ours(x, labels, chunk_size=32)
+    assert got == pytest.approx(full_metrics(reference.leave_one_out(x, labels)), abs=1e-6)

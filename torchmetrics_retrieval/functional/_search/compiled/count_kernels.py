@@ -83,18 +83,31 @@ def _last(upper, filled, tol, q):
 
 
 @inline
-def _row(keys, r, col0, own, mask, has_mask, query_ids, item_ids, table, hist, out_cols, counting):
+def _row(
+    keys, r, col0, own, mask, has_mask, query_ids, item_ids, lower, upper, filled, tol, lut, base, scale, hist,
+    out_cols, counting,
+):  # fmt: skip
     # Row r of a block. ``counting``: add the certain items to ``hist`` and write the first ambiguous ones (as
     # many as ``out_cols`` holds); otherwise write every ambiguous one. Returns the number of ambiguous items.
-    lower, upper, filled, tol, lut, base, scale = table  # once per row: unpacking arrays counts references
+    # The table's arrays come unpacked by the caller, once per block: unpacked here, once per row, they cost
+    # more than the listing below saves.
     last = _last(upper, filled, tol, r)
+    # First the columns that may precede a threshold (a fifth of them on clustered data), listed without a
+    # branch: whether a key lies past the last threshold is unpredictable, and a branch on it per key costs
+    # more than the list. (Both changes: 59 -> 51 ms on six 512 x 4096 blocks of a 20k-sample count.)
+    near = np.empty(keys.shape[1], np.int32)
+    n_near = 0
+    for c in range(keys.shape[1]):
+        near[n_near] = c
+        n_near += np.float64(keys[r, c]) <= last
     capacity = out_cols.shape[0]
     ambiguous = 0
-    for c in range(keys.shape[1]):
-        key = np.float64(keys[r, c])
-        if key > last or col0 + c == own[r] or query_ids[r] == item_ids[c] or (has_mask and not mask[r, c]):
+    own_col, query_id = own[r] - col0, query_ids[r]
+    for i in range(n_near):
+        c = near[i]
+        if c == own_col or query_id == item_ids[c] or (has_mask and not mask[r, c]):
             continue
-        found = _bin(lower, upper, filled, tol, lut, base, scale, r, key)
+        found = _bin(lower, upper, filled, tol, lut, base, scale, r, np.float64(keys[r, c]))
         if found != _AMBIGUOUS:
             if counting:
                 hist[r, found] += 1
@@ -109,8 +122,12 @@ def _row(keys, r, col0, own, mask, has_mask, query_ids, item_ids, table, hist, o
 def count_rows(keys, col0, own, mask, has_mask, query_ids, item_ids, table, hist, n_ambiguous, out_cols):
     """Add the block's certain items to ``hist``; per row, the number of ambiguous items to ``n_ambiguous``
     and the gallery positions of the first ``out_cols.shape[1]`` of them to ``out_cols``."""
+    lower, upper, filled, tol, lut, base, scale = table  # once: unpacking arrays counts references
     for r in prange(keys.shape[0]):
-        n_ambiguous[r] = _row(keys, r, col0, own, mask, has_mask, query_ids, item_ids, table, hist, out_cols[r], True)
+        n_ambiguous[r] = _row(
+            keys, r, col0, own, mask, has_mask, query_ids, item_ids, lower, upper, filled, tol, lut, base, scale,
+            hist, out_cols[r], True,
+        )  # fmt: skip
 
 
 @pjit
@@ -118,9 +135,13 @@ def list_ambiguous(keys, col0, own, mask, has_mask, query_ids, item_ids, table, 
     """Every ambiguous item of the block rows ``rows``, row ``rows[i]``'s from ``offsets[i]`` to ``offsets[i + 1]``
     (for the rows whose items did not fit ``count_rows``'s buffers)."""
     unused = np.zeros((1, 1), dtype=np.int64)
+    lower, upper, filled, tol, lut, base, scale = table
     for i in prange(rows.shape[0]):
         out = out_cols[offsets[i] : offsets[i + 1]]
-        _row(keys, rows[i], col0, own, mask, has_mask, query_ids, item_ids, table, unused, out, False)
+        _row(
+            keys, rows[i], col0, own, mask, has_mask, query_ids, item_ids, lower, upper, filled, tol, lut, base,
+            scale, unused, out, False,
+        )  # fmt: skip
 
 
 @pjit
