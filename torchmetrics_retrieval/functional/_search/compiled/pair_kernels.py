@@ -53,10 +53,13 @@ def histogram(keys, form, col0, own, mask, has_mask, row_ids, col_ids, weight, b
 
 
 @inline
-def _wanted_row(keys, form, r, col0, own, mask, has_mask, row_ids, col_ids, buckets, wanted, out_d, out_p, at):
+def _wanted_row(
+    keys, r, scale, offsets, mode, col0, own, mask, has_mask, row_ids, col_ids, low, bucket_scale, wanted, out_d,
+    out_p, at,
+):  # fmt: skip
     # Row r's pairs whose (bucket, sign) is wanted: counted, and written from ``at`` when ``out_d`` is not empty.
-    scale, offsets, mode = form
-    low, bucket_scale = buckets
+    # The callers unpack ``form`` and ``buckets`` once per block: unpacking a tuple that holds an array, once per
+    # row, counts references on it.
     n_buckets = wanted.shape[0] // 2
     offset, label, self_col = offsets[r], row_ids[r], own[r] - col0
     found = 0
@@ -77,17 +80,23 @@ def _wanted_row(keys, form, r, col0, own, mask, has_mask, row_ids, col_ids, buck
 def count_wanted(keys, form, col0, own, mask, has_mask, row_ids, col_ids, buckets, wanted, counts):
     """Per row, the number of pairs whose (bucket, sign) is ``wanted`` (``(2 n_buckets,)``, as ``hist``)."""
     none_d, none_p = np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.bool_)
+    scale, offsets, mode = form
+    low, bucket_scale = buckets
     for r in prange(keys.shape[0]):
         counts[r] = _wanted_row(
-            keys, form, r, col0, own, mask, has_mask, row_ids, col_ids, buckets, wanted, none_d, none_p, 0
+            keys, r, scale, offsets, mode, col0, own, mask, has_mask, row_ids, col_ids, low, bucket_scale, wanted,
+            none_d, none_p, 0,
         )  # fmt: skip
 
 
 @pjit
 def list_wanted(keys, form, col0, own, mask, has_mask, row_ids, col_ids, buckets, wanted, offsets, out_d, out_p):
     """The distances and signs of the wanted pairs, row r's from ``offsets[r]`` (``count_wanted``'s counts)."""
+    scale, row_offsets, mode = form
+    low, bucket_scale = buckets
     for r in prange(keys.shape[0]):
         if offsets[r + 1] > offsets[r]:
             _wanted_row(
-                keys, form, r, col0, own, mask, has_mask, row_ids, col_ids, buckets, wanted, out_d, out_p, offsets[r]
+                keys, r, scale, row_offsets, mode, col0, own, mask, has_mask, row_ids, col_ids, low, bucket_scale,
+                wanted, out_d, out_p, offsets[r],
             )  # fmt: skip
