@@ -9,9 +9,10 @@ gives the top K of one search over the whole set, bit for bit.
   search computes it once: a rank searches its own shard against itself, and in ``P // 2`` rounds one side of
   a pair of shards visits the rank holding the other, block by block, in a bipartite pass
   (``make_problem(split=...)``) that serves both shards' queries; the visitors' candidates go back to their
-  owner. With an even ``P`` the two shards ``P / 2`` apart split their rectangle in halves. So every rank
-  does ``1 / P`` of the products and holds its own shard and two visiting blocks (one searched, the next in
-  flight).
+  owner. Each sample enters that pass with its K-th distance within its own shard as a cap (``Problem.caps``):
+  nothing farther can enter its top K, so the pass starts from those thresholds instead of a sample. With an
+  even ``P`` the two shards ``P / 2`` apart split their rectangle in halves. So every rank does ``1 / P`` of the
+  products and holds its own shard and two visiting blocks (one searched, the next in flight).
 * :func:`one_sided_top_k` - queries and gallery apart (``is_query``/``is_gallery``): each rank's next block
   of queries is all-gathered and searched by every rank against its gallery shard.
 
@@ -141,13 +142,19 @@ def _blocks(n: int) -> list[slice]:
 
 
 def _bipartite(
-    qg: QueryGallery, left: tuple[Tensor, Tensor], right: tuple[Tensor, Tensor], options: RetrievalOptions, k: int
+    qg: QueryGallery,
+    left: tuple[Tensor, Tensor, Tensor],
+    right: tuple[Tensor, Tensor, Tensor],
+    options: RetrievalOptions,
+    k: int,
 ) -> tuple[Found, Found]:
-    """Exact top ``k`` of two disjoint sets of samples ``(rows, embeddings)`` each against the other, from one
-    bipartite symmetric pass; the items are global rows."""
+    """Exact top ``k`` of two disjoint sets of samples ``(rows, embeddings, caps)`` each against the other, from
+    one bipartite symmetric pass: each sample's candidates within its cap (the K-th distance it already has;
+    nothing beyond it can enter its top K); the items are global rows."""
     rows = torch.cat([left[0], right[0]])
     sub = _subset(qg, rows, torch.cat([left[1], right[1]]))
     problem = make_problem(sub.query, sub.gallery, options.distance, sub.exclusions(), True, split=left[0].numel())
+    problem = problem._replace(caps=torch.cat([left[2], right[2]]))
     found = Search.prepare(problem, k, backend="torch", chunk_size=options.chunk_size)(torch.arange(rows.numel()))
     table = _padded(found, k, rows, left[1])
     n_left = left[0].numel()
@@ -193,28 +200,31 @@ def symmetric_fits(qg: QueryGallery, owner: Tensor, k: int, options: RetrievalOp
 
 def _visit(
     qg: QueryGallery,
-    searched: tuple[Tensor, Tensor],
-    sent: Tensor,
+    searched: tuple[Tensor, Tensor, Tensor],
+    sent: tuple[Tensor, Tensor],
     visiting: Tensor,
     peers: tuple[int, int],
     options: RetrievalOptions,
     k: int,
     group: Any,
 ) -> tuple[list[Found], Found]:
-    """One round: the rows ``sent`` go to ``peers[1]`` while the samples ``visiting`` (global rows) of rank
-    ``peers[0]`` arrive block by block, the next block on its way while one is searched against ``searched``
-    (global rows, embeddings) in a bipartite pass. Returns the candidates of the searched rows among each
-    block, and those of the visitors among the searched rows."""
+    """One round: the rows ``sent`` (embeddings, caps) go to ``peers[1]`` while the samples ``visiting`` (global
+    rows) of rank ``peers[0]`` arrive block by block with their caps, the next block on its way while one is
+    searched against ``searched`` (global rows, embeddings, caps) in a bipartite pass. Returns the candidates
+    of the searched rows among each block, and those of the visitors among the searched rows."""
     rows, (source, sink) = searched[0], peers
-    outgoing = [sent[b] for b in _blocks(sent.shape[0])]
+    embeddings, caps = sent
+    outgoing = [[embeddings[b], caps[b]] for b in _blocks(embeddings.shape[0])]
     blocks = [visiting[b] for b in _blocks(visiting.numel())]
     steps = max(len(outgoing), len(blocks))
 
-    def post(i: int) -> tuple[Tensor | None, list[Any]]:
+    def post(i: int) -> tuple[tuple[Tensor, Tensor] | None, list[Any]]:
         """Step ``i``'s block out and block in (each when there is one)."""
-        block = sent.new_empty((blocks[i].numel(), sent.shape[1])) if i < len(blocks) else None
-        send = outgoing[i : i + 1]
-        return block, _post(send, sink, [] if block is None else [block], source, group, _EMBEDDINGS)
+        send = outgoing[i] if i < len(outgoing) else []
+        if i >= len(blocks):
+            return None, _post(send, sink, [], source, group, _EMBEDDINGS)
+        block = (embeddings.new_empty((blocks[i].numel(), embeddings.shape[1])), caps.new_empty(blocks[i].numel()))
+        return block, _post(send, sink, list(block), source, group, _EMBEDDINGS)
 
     ours: list[Found] = []
     theirs: list[Found] = []
@@ -226,12 +236,12 @@ def _visit(
         if block is None:
             continue
         if not rows.numel():
-            theirs.append(_empty(blocks[i].numel(), k, sent))
+            theirs.append(_empty(blocks[i].numel(), k, embeddings))
             continue
-        found_ours, found_theirs = _bipartite(qg, searched, (blocks[i], block), options, k)
+        found_ours, found_theirs = _bipartite(qg, searched, (blocks[i], *block), options, k)
         ours.append(found_ours)
         theirs.append(found_theirs)
-    visitors = tuple(torch.cat(column) for column in zip(*theirs, strict=True)) if theirs else _empty(0, k, sent)
+    visitors = tuple(torch.cat(column) for column in zip(*theirs, strict=True)) if theirs else _empty(0, k, embeddings)
     return ours, visitors  # type: ignore[return-value]
 
 
@@ -255,9 +265,12 @@ def symmetric_top_k(
     mine = shards[rank]
     embeddings = local[row[qg.query_positions[mine]]]
     lists: list[tuple[slice, Found]] = []  # (rows of mine, their candidates among some of the samples)
+    caps = torch.full((mine.numel(),), math.inf, dtype=local.dtype, device=local.device)
     if mine.numel():
         own = _search(_subset(qg, mine, embeddings), options, k, exact_distances=True)(torch.arange(mine.numel()))
         lists.append((slice(None), _padded(own, k, mine, local)))
+        if own.distances.shape[1] == k:  # the K-th distance within the shard: no item beyond it is needed
+            caps = own.distances[:, -1].masked_fill(~own.valid[:, -1], math.inf)
     for distance in range(1, world // 2 + 1):
         peers = ((rank + distance) % world, (rank - distance) % world)  # (whose rows visit, where ours go)
         searched, sent, visiting = slice(None), slice(None), shards[peers[0]]
@@ -267,8 +280,8 @@ def symmetric_top_k(
                 searched, sent = slice(None, half), slice(half, None)
             else:
                 visiting = visiting[visiting.numel() // 2 :]
-        search = (mine[searched], embeddings[searched])
-        ours, visitors = _visit(qg, search, embeddings[sent], visiting, peers, options, k, group)
+        search = (mine[searched], embeddings[searched], caps[searched])
+        ours, visitors = _visit(qg, search, (embeddings[sent], caps[sent]), visiting, peers, options, k, group)
         back = _swap_candidates(visitors, peers, embeddings[sent].shape[0], k, group)
         lists += [(searched, found) for found in ours] + [(sent, back)]
     return mine, *_merge_lists(lists, mine.numel(), k, local)

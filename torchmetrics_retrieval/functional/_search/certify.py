@@ -21,7 +21,7 @@ from torchmetrics_retrieval.functional._search.keys import Float64Rows, canonica
 from torchmetrics_retrieval.functional._search.problem import Candidates, Problem
 from torchmetrics_retrieval.functional._search.types import RelevanceFn
 
-__all__ = ["Ranked", "canonical_distances", "key_tolerance", "rank"]
+__all__ = ["Ranked", "canonical_distances", "cap_keys", "key_tolerance", "rank"]
 
 
 def canonical_distances(problem: Problem, rows: Tensor, pair_rows: Tensor, pair_cols: Tensor) -> Tensor:
@@ -82,6 +82,25 @@ def _key_to_distance(problem: Problem, rows: Tensor, keys: Tensor) -> Tensor:
         return 1.0 + keys
     squared = keys + problem.query_sq64[rows].view(-1, *([1] * (keys.dim() - 1)))
     return ieee_sqrt(squared.clamp(min=0.0)) if problem.distance == "euclidean" else squared
+
+
+def cap_keys(problem: Problem, rows: Tensor | slice, rounding: int) -> Tensor:
+    """``(R,)`` float64 one-sided keys (+inf: no cap) that a stage may take as first thresholds of queries with
+    ``problem.caps``: every item whose distance, rounded to ``problem.dtype``, is at most the query's cap has a
+    stage key more than one rounding bound below it, so a floor at it certifies (see ``_certified``)."""
+    assert problem.caps is not None
+    caps = problem.caps[rows]
+    # an item whose distance rounds to the cap lies below the next value of the caps' dtype
+    upper = torch.nextafter(caps, caps.new_tensor(float("inf"))).to(torch.float64)
+    if problem.distance == "dot":
+        keys = upper
+    elif problem.distance == "cosine":
+        keys = upper - 1.0
+    else:
+        squared = upper * upper if problem.distance == "euclidean" else upper
+        keys = squared - problem.query_sq64[rows]
+    tolerance = key_tolerance(problem, rows, rounding)  # type: ignore[arg-type]
+    return keys + 2.0 * tolerance + 1e-6 * (keys.abs() + tolerance)
 
 
 def _near_duplicate_limit(problem: Problem, rows: Tensor, tolerance: Tensor) -> Tensor:
@@ -161,7 +180,7 @@ def rank(
     certified = _certified(
         problem, rows, ok, floor, tolerance, k, distances, keys.gather(1, last), recompute.gather(1, last)
     )
-    return Ranked(distances, chosen, valid, certified)
+    return _within_caps(problem, rows, Ranked(distances, chosen, valid, certified))
 
 
 def _certified(
@@ -187,7 +206,20 @@ def _certified(
     bound = _key_to_distance(problem, rows, floor.to(torch.float64) - tolerance).to(dtype)
     upper = _key_to_distance(problem, rows, last_key.reshape(-1).to(torch.float64) + tolerance).to(dtype)
     upper = torch.where(last_recomputed.reshape(-1), distances[:, -1], upper)
-    return covered | ((n_found >= k) & (upper < bound))
+    certified = covered | ((n_found >= k) & (upper < bound))
+    if problem.caps is not None:  # every item within the cap is a candidate
+        certified |= bound > problem.caps[rows]
+    return certified
+
+
+def _within_caps(problem: Problem, rows: Tensor, ranked: Ranked) -> Ranked:
+    """``ranked`` without the items beyond their query's cap: what a capped search promises is the exact top K
+    among the items within the cap (beyond it, an item may be missing)."""
+    if problem.caps is None:
+        return ranked
+    valid = ranked.valid & (ranked.distances <= problem.caps[rows, None])
+    distances = ranked.distances.masked_fill(~valid, float("inf"))
+    return ranked._replace(distances=distances, indices=ranked.indices.masked_fill(~valid, 0), valid=valid)
 
 
 def _rank_compiled(
@@ -222,7 +254,7 @@ def _rank_compiled(
     distances.masked_fill_(~valid, float("inf"))
     chosen = items.gather(1, order).masked_fill_(~valid, 0)
     certified = _certified(problem, rows, ok, floor, tolerance, k, distances, key_k[:, -1], recomputed[:, -1])
-    return Ranked(distances, chosen, valid, certified)
+    return _within_caps(problem, rows, Ranked(distances, chosen, valid, certified))
 
 
 # ----------------------------------------------------------------------------------------------------------------------

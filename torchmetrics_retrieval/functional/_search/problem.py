@@ -38,6 +38,9 @@ class Problem(NamedTuple):
     symmetric: bool  # the set against itself with symmetric exclusions: each distance serves both sides
     dtype: torch.dtype  # of the distances returned; they are rounded to it before ties go by position
     split: int | None = None  # bipartite: rows [0, split) are searched against the rest and the rest against them
+    # (Q,) in ``dtype``: a query wants only the items whose distance is at most its cap (+inf: every item), e.g.
+    # its K-th distance among the items a sharded search has already seen
+    caps: Tensor | None = None
 
     def stage_query(self, rows: Tensor) -> Tensor:
         """The float32 stage-1 rows of the queries ``rows`` (see :func:`stage_rows`)."""

@@ -160,6 +160,23 @@ def sample_thresholds(
     return tau, crowded
 
 
+def _first_thresholds(
+    n_query: int,
+    n_gallery: int,
+    key_fn: KeyFn,
+    kp: int,
+    mask_fn: MaskFn,
+    rows_per_chunk: int,
+    estimate: bool,
+    ceiling: Tensor | None,
+) -> Tensor:
+    """The thresholds a search starts from: the sample's (:func:`sample_thresholds`), lowered to ``ceiling``."""
+    if ceiling is not None and bool(torch.isfinite(ceiling).all()):
+        return ceiling.to(torch.float32).clone()
+    tau, _ = sample_thresholds(n_query, n_gallery, key_fn, kp, mask_fn, rows_per_chunk, estimate)
+    return tau if ceiling is None else torch.minimum(tau, ceiling.to(tau))
+
+
 def stream_topk(
     query: Tensor,
     gallery: Tensor,
@@ -172,6 +189,7 @@ def stream_topk(
     cols_per_block: int,
     estimate: bool = False,
     compiled: bool | None = None,
+    ceiling: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The ``kp`` smallest keys ``bias[g] + alpha * <q, g>`` of every query against a gallery.
 
@@ -187,6 +205,8 @@ def stream_topk(
         estimate: start from estimated thresholds (see :func:`sample_thresholds`).
         compiled: scan with the compiled kernels (None: when these queries alone are a large search); a
             search taken in groups of queries decides it once for all of them.
+        ceiling: ``(Q,)`` first thresholds known beforehand (+inf: none), e.g. from the caps of a sharded
+            search; the sample is taken only when some query has none.
 
     Returns:
         ``(keys (Q, kp), positions (Q, kp), floors (Q,))``: +inf keys where a query has fewer candidates;
@@ -195,7 +215,7 @@ def stream_topk(
 
     key_fn = addmm_keys(query, gallery, bias, alpha)
     n_query, n_gallery = query.shape[0], gallery.shape[0]
-    tau, _ = sample_thresholds(n_query, n_gallery, key_fn, kp, mask_fn, rows_per_chunk, estimate)
+    tau = _first_thresholds(n_query, n_gallery, key_fn, kp, mask_fn, rows_per_chunk, estimate, ceiling)
     buffer = _new_buffer(kp, tau, n_gallery, compiled)
     for q0 in range(0, n_query, rows_per_chunk):
         rows = slice(q0, min(q0 + rows_per_chunk, n_query))
@@ -217,6 +237,7 @@ def stream_topk_symmetric(
     cols_per_block: int,
     estimate: bool = False,
     split: int | None = None,
+    ceiling: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """As :func:`stream_topk` for a set of ``n`` items searched against itself, each distance block computed once.
 
@@ -225,8 +246,9 @@ def stream_topk_symmetric(
     column query. ``mask_fn`` must be symmetric (same sequence, other group) and mask the diagonal of the
     diagonal blocks (the query itself). With ``split`` (a bipartite search, ``mask_fn`` masking each side
     against itself) only the rectangle of rows ``[0, split)`` and columns ``[split, n)`` is computed.
+    ``ceiling`` as in :func:`stream_topk`, in the keys of ``key_fn``.
     """
-    tau, _ = sample_thresholds(n, n, key_fn, kp, mask_fn, rows_per_chunk, estimate)
+    tau = _first_thresholds(n, n, key_fn, kp, mask_fn, rows_per_chunk, estimate, ceiling)
     buffer = _new_buffer(kp, tau, n)
     for i0 in range(0, n if split is None else split, rows_per_chunk):
         rows = slice(i0, min(i0 + rows_per_chunk, n if split is None else split))

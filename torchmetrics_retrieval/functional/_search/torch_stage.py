@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._search import plan
+from torchmetrics_retrieval.functional._search.certify import cap_keys
 from torchmetrics_retrieval.functional._search.problem import Candidates, Problem, rounding_terms
 from torchmetrics_retrieval.functional._search.stream_topk import BlockMemory, stream_topk, stream_topk_symmetric
 from torchmetrics_retrieval.functional._search.symmetric_sweep import SymmetricSweep
@@ -120,6 +121,17 @@ class TorchStage:
 
         return mask
 
+    def _ceiling(self, rows: Tensor | slice, symmetric: bool) -> Tensor | None:
+        """Float32 first thresholds from the problem's caps (None: no caps), as one-sided or symmetric keys."""
+        if self.problem.caps is None:
+            return None
+        rounding = rounding_terms(self.gallery.shape[1])
+        keys = cap_keys(self.problem, rows, rounding)
+        if symmetric and self.alpha == -2.0:  # the symmetric L2 key is (one-sided key + |q|^2) / 2
+            keys = (keys + self.problem.query_sq64[rows]) / 2.0
+        keys32 = keys.to(torch.float32)  # rounded up, never below the float64 value
+        return torch.where(keys32.double() < keys, torch.nextafter(keys32, keys32.new_tensor(float("inf"))), keys32)
+
     def _search_symmetric(self, kp: int) -> Candidates:
         mask = self._symmetric_mask()
         n = self.gallery.shape[0]
@@ -132,6 +144,7 @@ class TorchStage:
             cols_per_block=self.cols,
             estimate=True,
             split=self.problem.split,
+            ceiling=self._ceiling(slice(None), symmetric=True),
         )
         return self._from_symmetric(found, slice(None))
 
@@ -165,5 +178,6 @@ class TorchStage:
             estimate=estimate,
             # the whole search decides, not this group of its queries (a last, smaller group included)
             compiled=plan.use_compiled(rows.device, problem.query.shape[0], self.gallery.shape[0]),
+            ceiling=self._ceiling(rows, symmetric=False),
         )
         return self._candidates(found)
