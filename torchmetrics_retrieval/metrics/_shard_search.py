@@ -9,9 +9,10 @@ gives the top K of one search over the whole set, bit for bit.
   search computes it once: a rank searches its own shard against itself, and in ``P // 2`` rounds one side of
   a pair of shards visits the rank holding the other, block by block, in a bipartite pass
   (``make_problem(split=...)``) that serves both shards' queries; the visitors' candidates go back to their
-  owner. Each sample enters that pass with its K-th distance within its own shard as a cap (``Problem.caps``):
-  nothing farther can enter its top K, so the pass starts from those thresholds instead of a sample. With an
-  even ``P`` the two shards ``P / 2`` apart split their rectangle in halves. So every rank does ``1 / P`` of the
+  owner. Each sample enters that pass capped at its K-th distance among the shards it has met so far (its own
+  first; ``Problem.caps``): nothing farther can enter its top K, so the pass starts from those thresholds
+  instead of a sample, and later rounds start lower. With an even ``P`` the two shards ``P / 2`` apart split
+  their rectangle in halves. So every rank does ``1 / P`` of the
   products and holds its own shard and two visiting blocks (one searched, the next in flight).
 * :func:`one_sided_top_k` - queries and gallery apart (``is_query``/``is_gallery``): each rank's next block
   of queries is all-gathered and searched by every rank against its gallery shard.
@@ -116,6 +117,15 @@ def _merge_lists(lists: list[tuple[slice, Found]], n: int, k: int, like: Tensor)
         for column, part in zip(wide, found, strict=True):
             column[rows, j * k : (j + 1) * k] = part
     return merge(wide, k)
+
+
+def _kth(found: Found) -> Tensor:
+    """Each row's K-th distance among its candidates (+inf when it has fewer): nothing farther can enter its top
+    K, so it caps the row's later searches (``Problem.caps``)."""
+    distances, _, valid = found
+    if not distances.shape[1]:
+        return distances.new_full((distances.shape[0],), math.inf)
+    return distances[:, -1].masked_fill(~valid[:, -1], math.inf)
 
 
 def _peer(group: Any, rank: int) -> int:
@@ -269,9 +279,11 @@ def symmetric_top_k(
     if mine.numel():
         own = _search(_subset(qg, mine, embeddings), options, k, exact_distances=True)(torch.arange(mine.numel()))
         lists.append((slice(None), _padded(own, k, mine, local)))
-        if own.distances.shape[1] == k:  # the K-th distance within the shard: no item beyond it is needed
-            caps = own.distances[:, -1].masked_fill(~own.valid[:, -1], math.inf)
+        caps = _kth(lists[0][1])
     for distance in range(1, world // 2 + 1):
+        if distance > 1:  # the K-th distance over every shard seen so far: a tighter cap for this round
+            lists = [(slice(None), _merge_lists(lists, mine.numel(), k, local))]
+            caps = _kth(lists[0][1])
         peers = ((rank + distance) % world, (rank - distance) % world)  # (whose rows visit, where ours go)
         searched, sent, visiting = slice(None), slice(None), shards[peers[0]]
         if 2 * distance == world:  # one rectangle between the two shards: each side does half of it
