@@ -29,7 +29,7 @@ from torchmetrics_retrieval.functional._search.key_blocks import key_blocks
 from torchmetrics_retrieval.functional._search.problem import make_problem
 from torchmetrics_retrieval.functional._sets import split_query_gallery
 from torchmetrics_retrieval.metrics import EmbeddingMetrics, FNMRAtFMR, _shard, _shard_auc, _shard_pairs
-from torchmetrics_retrieval.metrics._shard_search import gather
+from torchmetrics_retrieval.metrics._shard_search import ShardedSet, gather
 
 N = 29  # not a multiple of 2 or 3: DistributedSampler pads with duplicates
 UNEVEN = {1: [N], 2: [20, 9], 3: [3, 19, 7]}
@@ -175,7 +175,8 @@ def _tables(rank: int, world_size: int) -> dict[str, Any]:
         labels = small.pop("labels")
         placeholder = local.new_zeros((1, 1)).expand(owner.numel(), 1)
         qg = split_query_gallery(placeholder, labels, **{k: v for k, v in small.items() if v is not None})
-        table = _table(_shard_pairs.ShardedPairs(qg, local, owner, row, None, distance, None, chunk_size), qg)
+        shards = ShardedSet(qg, local, owner, row, None)
+        table = _table(_shard_pairs.ShardedPairs(shards, distance, None, chunk_size), qg)
         tables = torch.stack(gather(table, None))
         out[f"{variant}/{distance}"] = (tables.nan_to_num(0.0).sum(0), (~tables.isnan()).sum(0))
     return out

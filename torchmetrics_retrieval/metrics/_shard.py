@@ -37,13 +37,19 @@ from torchmetrics_retrieval.functional._per_query import (
 )
 from torchmetrics_retrieval.functional._search.problem import make_problem
 from torchmetrics_retrieval.functional._search.types import Exclusions
-from torchmetrics_retrieval.functional._sets import QueryGallery, split_query_gallery
+from torchmetrics_retrieval.functional._sets import split_query_gallery
 from torchmetrics_retrieval.functional.identification import _dir_at_fpir_compute
 from torchmetrics_retrieval.functional.reduction import _apply_empty_target_action_compute
 from torchmetrics_retrieval.functional.relevance import _relevance_matrix_compute
 from torchmetrics_retrieval.functional.retrieval import reduce_per_query
 from torchmetrics_retrieval.metrics._shard_full_ranking import ShardedRanks
-from torchmetrics_retrieval.metrics._shard_search import gather, one_sided_top_k, symmetric_fits, symmetric_top_k
+from torchmetrics_retrieval.metrics._shard_search import (
+    ShardedSet,
+    gather,
+    one_sided_top_k,
+    symmetric_fits,
+    symmetric_top_k,
+)
 from torchmetrics_retrieval.metrics._state import _concat, _layout, _templates, deduplicate, upcast_half
 
 __all__ = [
@@ -127,10 +133,8 @@ def check_rows(local: Tensor, distance: str, group: Any, name: str = "embeddings
         raise ValueError(message or f"`{name}` of {int(flags)} other process(es) failed the checks of the rows.")
 
 
-def global_problem(
-    metric: Any, group: Any, distance: str
-) -> tuple[QueryGallery, Tensor, Tensor, Tensor, Tensor | None]:
-    """``(qg, local, owner, row, indexes)`` of a metric with ``embeddings``, ``labels`` and the optional fields of
+def global_problem(metric: Any, group: Any, distance: str) -> tuple[ShardedSet, Tensor | None]:
+    """``(sharded set, indexes)`` of a metric with ``embeddings``, ``labels`` and the optional fields of
     ``EmbeddingMetrics``: :func:`global_rows`, the local rows checked on every rank, and the global set split
     into queries and gallery by its small fields (``qg``'s embeddings are placeholders, its positions global)."""
     local, small, owner, row, indexes = global_rows(metric, group)
@@ -139,41 +143,39 @@ def global_problem(
     assert labels is not None
     placeholder = local.new_zeros((1, 1)).expand(owner.numel(), 1)  # the split needs no embedding
     qg = split_query_gallery(placeholder, labels, **{k: v for k, v in small.items() if v is not None})
-    return qg, local, owner, row, indexes
+    return ShardedSet(qg, local, owner, row, group), indexes
 
 
 def sharded_compute(metric: Any, group: Any) -> tuple[dict[str, Tensor], RetrievalResult | None, Tensor | None]:
     """``(metrics, per-query result, sample indexes)`` of an ``EmbeddingMetrics`` whose ranks keep their samples."""
     options: RetrievalOptions = metric.options
-    qg, local, owner, row, indexes = global_problem(metric, group, options.distance)
+    shards, indexes = global_problem(metric, group, options.distance)
     if options.normalize:  # row by row: the same values as normalising the gathered set
-        local = torch.nn.functional.normalize(local, dim=1)
-    metrics, result = sharded_ranking(qg, local, owner, row, options, group) if options.needs_ranking else ({}, None)
+        shards = shards._replace(local=torch.nn.functional.normalize(shards.local, dim=1))
+    metrics, result = sharded_ranking(shards, options) if options.needs_ranking else ({}, None)
     from torchmetrics_retrieval.metrics._shard_pairs import sharded_pair_metrics
 
     request = RateRequest(options.eer, options.min_dcf_p_target, options.dcf_costs)
     pairs = (options.fmr_vals, request, options.distance, options.label_comparison_fn, options.chunk_size)
-    metrics.update(sharded_pair_metrics(qg, local, owner, row, group, *pairs, options.roc_auc))
+    metrics.update(sharded_pair_metrics(shards, *pairs, options.roc_auc))
     return metrics, result, indexes
 
 
-def sharded_ranking(
-    qg: QueryGallery, local: Tensor, owner: Tensor, row: Tensor, options: RetrievalOptions, group: Any
-) -> tuple[dict[str, Tensor], RetrievalResult]:
-    """The ranking metrics and per-query result of a problem over the global set (``qg``, whose positions are
-    global rows; the embeddings as placeholders) whose rows ``owner`` holds as its ``local`` row ``row``."""
+def sharded_ranking(shards: ShardedSet, options: RetrievalOptions) -> tuple[dict[str, Tensor], RetrievalResult]:
+    """The ranking metrics and per-query result of a problem over a sharded global set."""
+    qg, local, group = shards.qg, shards.local, shards.group
     n_relevant = count_relevant(qg, options)
     n_query, n_gallery = qg.query.shape[0], qg.gallery.shape[0]
     n_candidates = qg.exclusions().count_eligible(n_query, n_gallery, local.device)
     k = min(search_depth(options, n_relevant), n_gallery)
-    search = symmetric_top_k if symmetric_fits(qg, owner, k, options) else one_sided_top_k
-    rows, distances, items, valid = search(qg, local, owner, row, options, k, group)
+    search = symmetric_top_k if symmetric_fits(shards, k, options) else one_sided_top_k
+    rows, distances, items, valid = search(shards, options, k)
     hits = _relevance_matrix_compute(
         qg.query_labels[rows], qg.gallery_labels, items.clamp(max=n_gallery - 1), valid, options.label_comparison_fn
     )
     values = _ranking_values(options, hits, n_relevant[rows], n_candidates[rows])
     if options.mrr or options.map_full or options.minp:  # ranks in the full ranking: counts summed over shards
-        ranks = ShardedRanks(qg, local, owner, row, options, group, n_relevant, rows)
+        ranks = ShardedRanks(shards, options, n_relevant, rows)
         if options.mrr:
             values["mrr"] = _mrr(qg, options, values["mrr"], n_relevant[rows], ranks)
         if options.map_full or options.minp:

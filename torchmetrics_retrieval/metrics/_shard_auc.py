@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -40,7 +39,7 @@ from torchmetrics_retrieval.functional._progress import section
 from torchmetrics_retrieval.functional._search.problem import Problem, make_problem
 from torchmetrics_retrieval.functional._sets import QueryGallery
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
-from torchmetrics_retrieval.metrics._shard_search import QUERY_BLOCK, _restrict_gallery, gather
+from torchmetrics_retrieval.metrics._shard_search import QUERY_BLOCK, ShardedSet, _restrict_gallery, gather
 
 __all__ = ["sharded_roc_auc"]
 
@@ -48,7 +47,8 @@ __all__ = ["sharded_roc_auc"]
 class _Rounds:
     """The sub-problems of this rank: every rank's query blocks, in turn, against this rank's gallery shard."""
 
-    def __init__(self, qg: QueryGallery, local: Tensor, owner: Tensor, row: Tensor, distance: str, group: Any) -> None:
+    def __init__(self, shards: ShardedSet, distance: str) -> None:
+        qg, local, owner, row, group = shards
         self.qg, self.local, self.row, self.distance, self.group = qg, local, row, distance, group
         rank = dist.get_rank(group)
         columns = torch.nonzero(owner[qg.gallery_positions] == rank).flatten()  # global gallery positions
@@ -76,20 +76,13 @@ class _Rounds:
 
 
 def sharded_roc_auc(
-    qg: QueryGallery,
-    local: Tensor,
-    owner: Tensor,
-    row: Tensor,
-    group: Any,
-    distance: str,
-    label_comparison_fn: LabelComparisonFn | None,
-    chunk_size: int | None,
+    shards: ShardedSet, distance: str, label_comparison_fn: LabelComparisonFn | None, chunk_size: int | None
 ) -> Tensor:
-    """``roc_auc`` (float64, 0-dim) of ``qg`` (a problem over the global set: positions are global rows, the
-    embeddings placeholders) whose rows ``owner`` holds as its ``local`` row ``row`` (checked rows): on every
-    rank the value of ``functional._pair_auc.roc_auc_of_pairs`` over the global set. Every rank must call it."""
+    """``roc_auc`` (float64, 0-dim) of a sharded set: on every rank the value of
+    ``functional._pair_auc.roc_auc_of_pairs`` over the global set. Every rank must call it."""
+    qg, local, _, _, group = shards
     device = local.device
-    rounds = _Rounds(qg, local, owner, row, distance, group)
+    rounds = _Rounds(shards, distance)
     found = [_positives(*part, label_comparison_fn) for part in rounds if part is not None]
     mine = torch.cat(found) if found else local.new_zeros((0,))
     positive_distances = torch.cat(gather(mine, group))

@@ -17,7 +17,7 @@ from torch import Tensor
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._sets import split_query_gallery
 from torchmetrics_retrieval.metrics._shard import check_rows, global_rows, sharded_ranking
-from torchmetrics_retrieval.metrics._shard_search import gather
+from torchmetrics_retrieval.metrics._shard_search import ShardedSet, gather
 from torchmetrics_retrieval.metrics.cross_modal import check_same_dimension, missing_side
 
 __all__ = ["sharded_cross_modal"]
@@ -50,5 +50,5 @@ def sharded_cross_modal(metric: Any, group: Any) -> dict[str, dict[str, Tensor]]
     both = {}
     for direction, is_query in (("a_to_b", is_a), ("b_to_a", ~is_a)):
         qg = split_query_gallery(placeholder, ids, is_query=is_query, is_gallery=~is_query)
-        both[direction] = sharded_ranking(qg, local, owner, row, options, group)[0]
+        both[direction] = sharded_ranking(ShardedSet(qg, local, owner, row, group), options)[0]
     return both

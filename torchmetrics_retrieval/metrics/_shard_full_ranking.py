@@ -37,7 +37,6 @@ threshold lists and counts travel, never a gallery shard.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -47,27 +46,17 @@ from torchmetrics_retrieval.functional._full_ranking import _BUDGET_ENTRIES, _co
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._search.problem import Problem, make_problem
 from torchmetrics_retrieval.functional._sets import QueryGallery
-from torchmetrics_retrieval.metrics._shard_search import _restrict_gallery, gather
+from torchmetrics_retrieval.metrics._shard_search import ShardedSet, _restrict_gallery, gather
 
 __all__ = ["ShardedRanks", "shard_counts", "shard_thresholds"]
 
 
 class ShardedRanks:
-    """``relevant_ranks`` of this rank's queries ``queries`` (rows of ``qg``, whose positions are global rows)
-    when rank ``owner[r]`` holds global row ``r`` as its ``local`` row ``row[r]``: a ``RanksFn`` of
-    ``functional._per_query``, which every rank calls with the same arguments in the same order."""
+    """``relevant_ranks`` of this rank's queries ``queries`` (rows of ``shards.qg``) over a sharded set: a
+    ``RanksFn`` of ``functional._per_query``, which every rank calls with the same arguments in the same order."""
 
-    def __init__(
-        self,
-        qg: QueryGallery,
-        local: Tensor,
-        owner: Tensor,
-        row: Tensor,
-        options: RetrievalOptions,
-        group: Any,
-        n_relevant: Tensor,
-        queries: Tensor,
-    ) -> None:
+    def __init__(self, shards: ShardedSet, options: RetrievalOptions, n_relevant: Tensor, queries: Tensor) -> None:
+        qg, local, owner, row, group = shards
         self.qg, self.local, self.row, self.options, self.group = qg, local, row, options, group
         self.n_relevant, self.queries = n_relevant, queries  # n(q) of every query of ``qg``; this rank's rows
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)

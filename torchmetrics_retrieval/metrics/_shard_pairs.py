@@ -53,7 +53,7 @@ from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
 from torchmetrics_retrieval.functional.verification import _bounds_of_norms, statistics_keys
 from torchmetrics_retrieval.metrics import _shard_auc
 from torchmetrics_retrieval.metrics._shard import global_problem
-from torchmetrics_retrieval.metrics._shard_search import gather
+from torchmetrics_retrieval.metrics._shard_search import ShardedSet, gather
 
 __all__ = ["ShardedPairs", "sharded_pair_compute", "sharded_pair_metrics", "tiles"]
 
@@ -71,21 +71,17 @@ def tiles(n_query: int, n_gallery: int, chunk_size: int | None, symmetric: bool)
 
 
 class ShardedPairs(PairPasses):
-    """The pairs of ``qg`` (a problem over the global set: positions are global rows, the embeddings
-    placeholders) whose rows ``owner`` holds as its ``local`` row ``row``: this rank's tiles (see the module
-    docstring). Every rank must make it and run every pass together (the passes all-gather the row blocks)."""
+    """The pairs of a sharded set: this rank's tiles (see the module docstring). Every rank must make it and run
+    every pass together (the passes all-gather the row blocks)."""
 
     def __init__(
         self,
-        qg: QueryGallery,
-        local: Tensor,
-        owner: Tensor,
-        row: Tensor,
-        group: Any,
+        shards: ShardedSet,
         distance: str,
         label_comparison_fn: LabelComparisonFn | None,
         chunk_size: int | None,
     ) -> None:
+        qg, local, owner, row, group = shards
         self.owner, self.row, self.group = owner, row, group
         self.rank, world = dist.get_rank(group), dist.get_world_size(group)
         local64 = local.to(torch.float64)
@@ -185,10 +181,11 @@ class _Totals:
         return merge_counted([Counted(v, c) for v, c in zip(values, counts, strict=True)])
 
 
-def _buckets(qg: QueryGallery, local: Tensor, owner: Tensor, row: Tensor, distance: str, group: Any) -> PairBuckets:
+def _buckets(shards: ShardedSet, distance: str) -> PairBuckets:
     """``_distance_bounds``' buckets of the global set: the largest query and gallery norms, all-reduced."""
     if distance == "cosine":
         return PairBuckets.spanning(*_bounds_of_norms(0.0, 0.0, distance))
+    qg, local, owner, row, group = shards
     rank = dist.get_rank(group)
     norms = local.to(torch.float64).norm(dim=1)  # row by row, as one process's norms of its rows
 
@@ -202,11 +199,7 @@ def _buckets(qg: QueryGallery, local: Tensor, owner: Tensor, row: Tensor, distan
 
 
 def sharded_pair_metrics(
-    qg: QueryGallery,
-    local: Tensor,
-    owner: Tensor,
-    row: Tensor,
-    group: Any,
+    shards: ShardedSet,
     fmr_vals: tuple[float, ...],
     request: RateRequest,
     distance: str,
@@ -214,17 +207,17 @@ def sharded_pair_metrics(
     chunk_size: int | None,
     roc_auc: bool = False,
 ) -> dict[str, Tensor]:
-    """``fnmr@fmr/{f}``, ``tar@far/{f}``, ``eer``, ``min_dcf/{p}`` of ``qg`` (as ``ShardedPairs``) and, with
-    ``roc_auc``, ``roc_auc`` (``_shard_auc``): on every rank the values of ``functional.verification.pair_metrics``
-    over the global set (``local``: checked rows)."""
+    """``fnmr@fmr/{f}``, ``tar@far/{f}``, ``eer``, ``min_dcf/{p}`` of a sharded set (as ``ShardedPairs``) and,
+    with ``roc_auc``, ``roc_auc`` (``_shard_auc``): on every rank the values of
+    ``functional.verification.pair_metrics`` over the global set."""
     out: dict[str, Tensor] = {}
     if fmr_vals or request.eer or request.p_targets:
-        buckets = _buckets(qg, local, owner, row, distance, group)
-        source = ShardedPairs(qg, local, owner, row, group, distance, label_comparison_fn, chunk_size)
-        found = statistics(source, buckets, fmr_vals, request, qg.query.device, _Totals(group))
+        source = ShardedPairs(shards, distance, label_comparison_fn, chunk_size)
+        device = shards.local.device
+        found = statistics(source, _buckets(shards, distance), fmr_vals, request, device, _Totals(shards.group))
         out.update(statistics_keys(found, fmr_vals))
     if roc_auc:
-        auc = _shard_auc.sharded_roc_auc(qg, local, owner, row, group, distance, label_comparison_fn, chunk_size)
+        auc = _shard_auc.sharded_roc_auc(shards, distance, label_comparison_fn, chunk_size)
         out["roc_auc"] = auc.to(torch.float32)
     return out
 
@@ -241,6 +234,5 @@ def sharded_pair_compute(
 ) -> dict[str, Tensor]:
     """The pair metrics of a sample accumulator whose ranks keep their samples (``FNMRAtFMR``); with ``roc_auc``
     also ``roc_auc`` (``_shard_auc``)."""
-    qg, local, owner, row, _ = global_problem(metric, group, distance)
-    options = (fmr_vals, request, distance, label_comparison_fn, chunk_size, roc_auc)
-    return sharded_pair_metrics(qg, local, owner, row, group, *options)
+    shards, _ = global_problem(metric, group, distance)
+    return sharded_pair_metrics(shards, fmr_vals, request, distance, label_comparison_fn, chunk_size, roc_auc)

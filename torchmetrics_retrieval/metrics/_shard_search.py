@@ -23,7 +23,7 @@ Only ``torch.distributed`` collectives and point-to-point operations that both g
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -38,7 +38,7 @@ from torchmetrics_retrieval.functional._search.rounds import Search
 from torchmetrics_retrieval.functional._search.types import KNNResult
 from torchmetrics_retrieval.functional._sets import QueryGallery
 
-__all__ = ["QUERY_BLOCK", "VISIT_ROWS", "one_sided_top_k", "symmetric_fits", "symmetric_top_k"]
+__all__ = ["QUERY_BLOCK", "VISIT_ROWS", "ShardedSet", "one_sided_top_k", "symmetric_fits", "symmetric_top_k"]
 
 #: Queries of one rank searched per round of :func:`one_sided_top_k` (each round all-gathers one block per rank).
 QUERY_BLOCK = 4096
@@ -49,6 +49,16 @@ VISIT_ROWS = 16384
 _EMBEDDINGS, _CANDIDATES = 1, 2
 #: ``(distances (R, K), global gallery rows (R, K), valid (R, K))``
 Found = tuple[Tensor, Tensor, Tensor]
+
+
+class ShardedSet(NamedTuple):
+    """The de-duplicated global set of a sharded metric, as every rank sees it."""
+
+    qg: QueryGallery  # the problem over the global set: positions are global rows, the embeddings placeholders
+    local: Tensor  # this rank's rows (checked)
+    owner: Tensor  # the rank that holds each global row ...
+    row: Tensor  # ... as its local row
+    group: Any  # the process group
 
 
 def gather(tensor: Tensor, group: Any) -> list[Tensor]:
@@ -171,11 +181,10 @@ def _bipartite(
     return tuple(t[:n_left] for t in table), tuple(t[n_left:] for t in table)  # type: ignore[return-value]
 
 
-def one_sided_top_k(
-    qg: QueryGallery, local: Tensor, owner: Tensor, row: Tensor, options: RetrievalOptions, k: int, group: Any
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def one_sided_top_k(shards: ShardedSet, options: RetrievalOptions, k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(query rows, distances, gallery rows, valid)``: the exact top ``k`` of this rank's queries (rows of
-    ``qg``), from rounds in which every rank's next block of queries visits every rank's gallery shard."""
+    ``shards.qg``), from rounds in which every rank's next block of queries visits every rank's gallery shard."""
+    qg, local, owner, row, group = shards
     rank = dist.get_rank(group)
     my_queries = torch.nonzero(owner[qg.query_positions] == rank).flatten()
     my_gallery = torch.nonzero(owner[qg.gallery_positions] == rank).flatten()
@@ -201,11 +210,12 @@ def one_sided_top_k(
     return rows, distances, items, valid
 
 
-def symmetric_fits(qg: QueryGallery, owner: Tensor, k: int, options: RetrievalOptions) -> bool:
+def symmetric_fits(shards: ShardedSet, k: int, options: RetrievalOptions) -> bool:
     """Whether :func:`symmetric_top_k` serves the problem: a set against itself, a stage able to skip a
     bipartite pass's own-side pairs (not faiss), and the pass's candidates of a shard and a block in memory."""
-    largest_shard = int(torch.bincount(owner).max()) if owner.numel() else 0
-    return qg.same_set and options.knn_backend != "faiss" and plan.symmetric_search_fits(largest_shard + VISIT_ROWS, k)
+    largest_shard = int(torch.bincount(shards.owner).max()) if shards.owner.numel() else 0
+    fits = plan.symmetric_search_fits(largest_shard + VISIT_ROWS, k)
+    return shards.qg.same_set and options.knn_backend != "faiss" and fits
 
 
 def _visit(
@@ -265,14 +275,13 @@ def _swap_candidates(visitors: Found, peers: tuple[int, int], n_back: int, k: in
     return back[0], back[1], back_valid.bool()
 
 
-def symmetric_top_k(
-    qg: QueryGallery, local: Tensor, owner: Tensor, row: Tensor, options: RetrievalOptions, k: int, group: Any
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def symmetric_top_k(shards: ShardedSet, options: RetrievalOptions, k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(rows, distances, gallery rows, valid)``: the exact top ``k`` of this rank's samples of a set searched
-    against itself (``qg.same_set``; sample ``i`` is query ``i`` and gallery item ``i``)."""
+    against itself (``shards.qg.same_set``; sample ``i`` is query ``i`` and gallery item ``i``)."""
+    qg, local, owner, row, group = shards
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    shards = [torch.nonzero(owner[qg.query_positions] == r).flatten() for r in range(world)]
-    mine = shards[rank]
+    members = [torch.nonzero(owner[qg.query_positions] == r).flatten() for r in range(world)]
+    mine = members[rank]
     embeddings = local[row[qg.query_positions[mine]]]
     lists: list[tuple[slice, Found]] = []  # (rows of mine, their candidates among some of the samples)
     caps = torch.full((mine.numel(),), math.inf, dtype=local.dtype, device=local.device)
@@ -285,7 +294,7 @@ def symmetric_top_k(
             lists = [(slice(None), _merge_lists(lists, mine.numel(), k, local))]
             caps = _kth(lists[0][1])
         peers = ((rank + distance) % world, (rank - distance) % world)  # (whose rows visit, where ours go)
-        searched, sent, visiting = slice(None), slice(None), shards[peers[0]]
+        searched, sent, visiting = slice(None), slice(None), members[peers[0]]
         if 2 * distance == world:  # one rectangle between the two shards: each side does half of it
             half = mine.numel() // 2
             if rank < peers[0]:
