@@ -61,6 +61,14 @@ def _symmetric_scenarios(rank: int, world_size: int) -> dict[str, Any]:
     calls = []
     searched = shard.symmetric_top_k
     shard.symmetric_top_k = lambda *args: calls.append(1) or searched(*args)  # type: ignore[assignment]
+    caps: list[tuple[bool, bool]] = []  # per bipartite pass: whether its own rows, and its visitors, came capped
+    bipartite = shard_search._bipartite
+
+    def recording(qg, left, right, *args):  # type: ignore[no-untyped-def]
+        caps.append((bool(left[2].isfinite().any()), bool(right[2].isfinite().any())))
+        return bipartite(qg, left, right, *args)
+
+    shard_search._bipartite = recording
     data = _data(every_sample_a_query=True)
     outcomes = {
         "symmetric_sampler": _outcome(_by_sampler(rank, world_size, data)),
@@ -70,6 +78,7 @@ def _symmetric_scenarios(rank: int, world_size: int) -> dict[str, Any]:
     shard_search.VISIT_ROWS = 2
     outcomes["symmetric_blocks"] = _outcome(_by_shards(rank, UNEVEN[world_size], data, indexes=False))
     outcomes["symmetric_calls"] = len(calls)
+    outcomes["capped_passes"] = [any(side) for side in zip(*caps, strict=True)] if caps else []
     return outcomes
 
 
@@ -140,6 +149,8 @@ def test_sharded_is_identical_to_one_process(world_size: int, tmp_path: Path) ->
         for name in ("symmetric_sampler", "symmetric_uneven", "symmetric_empty_rank", "symmetric_blocks"):
             _assert_identical(outcomes[name], symmetric, f"world_size={world_size} rank={rank} {name}")
         assert outcomes["symmetric_calls"] == (4 if world_size > 1 else 0)  # one process: never sharded
+        # the bipartite passes start from caps: the rank's own rows' and the visitors' (sent with them)
+        assert outcomes["capped_passes"] == ([True, True] if world_size > 1 else [])
         for name in ("sampler", "sampler_gathered", "sampler_float16", "uneven", "empty_rank"):
             _assert_identical(outcomes[name], expected, f"world_size={world_size} rank={rank} {name}")
             if name != "sampler_float16":
