@@ -12,8 +12,8 @@ gives the top K of one search over the whole set, bit for bit.
   owner. Each sample enters that pass capped at its K-th distance among the shards it has met so far (its own
   first; ``Problem.caps``): nothing farther can enter its top K, so the pass starts from those thresholds
   instead of a sample, and later rounds start lower. With an even ``P`` the two shards ``P / 2`` apart split
-  their rectangle in halves. So every rank does ``1 / P`` of the
-  products and holds its own shard and two visiting blocks (one searched, the next in flight).
+  their rectangle in halves. So every rank does ``1 / P`` of the products and holds its own shard and two
+  visiting blocks (one searched, the next in flight).
 * :func:`one_sided_top_k` - queries and gallery apart (``is_query``/``is_gallery``): each rank's next block
   of queries is all-gathered and searched by every rank against its gallery shard.
 

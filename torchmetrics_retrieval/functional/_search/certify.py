@@ -42,7 +42,7 @@ def canonical_distances(problem: Problem, rows: Tensor, pair_rows: Tensor, pair_
     return distances_from_dots(dots, q_sq, g_sq, problem.distance, direct_sq)
 
 
-def key_tolerance(problem: Problem, rows: Tensor, rounding: int) -> Tensor:
+def key_tolerance(problem: Problem, rows: Tensor | slice, rounding: int) -> Tensor:
     """A rigorous bound on |stage-1 key - exact key| of every pair of these queries, ``(R,)`` float64.
 
     With ``u = 2**-24`` (float32 unit roundoff), a float32 sum of n products errs by at most
@@ -99,7 +99,7 @@ def cap_keys(problem: Problem, rows: Tensor | slice, rounding: int) -> Tensor:
     else:
         squared = upper * upper if problem.distance == "euclidean" else upper
         keys = squared - problem.query_sq64[rows]
-    tolerance = key_tolerance(problem, rows, rounding)  # type: ignore[arg-type]
+    tolerance = key_tolerance(problem, rows, rounding)
     return keys + 2.0 * tolerance + 1e-6 * (keys.abs() + tolerance)
 
 
