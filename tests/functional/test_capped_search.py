@@ -105,3 +105,11 @@ def test_finite_caps_replace_the_sample(monkeypatch: pytest.MonkeyPatch) -> None
     capped = Search.prepare(problem._replace(caps=caps), K, backend="torch")(torch.arange(3000))
     assert not calls
     _assert_same(capped, _cut(reference, caps))
+
+
+def test_caps_need_exact_distances() -> None:
+    """A cap is compared with canonical distances, which a search without exact distances does not compute."""
+    x = _rows(50, 11)
+    problem = make_problem(x, x, "euclidean", Exclusions(torch.arange(50), None, None), True)
+    with pytest.raises(AssertionError, match="exact_distances"):
+        Search.prepare(problem._replace(caps=torch.ones(50)), K, backend="torch", exact_distances=False)

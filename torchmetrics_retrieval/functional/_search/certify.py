@@ -254,7 +254,7 @@ def _rank_compiled(
     distances.masked_fill_(~valid, float("inf"))
     chosen = items.gather(1, order).masked_fill_(~valid, 0)
     certified = _certified(problem, rows, ok, floor, tolerance, k, distances, key_k[:, -1], recomputed[:, -1])
-    return _within_caps(problem, rows, Ranked(distances, chosen, valid, certified))
+    return Ranked(distances, chosen, valid, certified)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

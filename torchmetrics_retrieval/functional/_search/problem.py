@@ -39,7 +39,7 @@ class Problem(NamedTuple):
     dtype: torch.dtype  # of the distances returned; they are rounded to it before ties go by position
     split: int | None = None  # bipartite: rows [0, split) are searched against the rest and the rest against them
     # (Q,) in ``dtype``: a query wants only the items whose distance is at most its cap (+inf: every item), e.g.
-    # its K-th distance among the items a sharded search has already seen
+    # its K-th distance among the items a sharded search has already seen (searched with exact distances)
     caps: Tensor | None = None
 
     def stage_query(self, rows: Tensor) -> Tensor:

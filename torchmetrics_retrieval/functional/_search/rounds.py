@@ -47,6 +47,8 @@ class Search(NamedTuple):
 
         ``K = min(k, G, the largest number of eligible items of any query)``.
         """
+        # a cap is compared with each item's canonical distance, which only exact distances give
+        assert problem.caps is None or exact_distances, "a capped search needs exact_distances=True"
         n_query, n_gallery = problem.query.shape[0], problem.gallery.shape[0]
         k = min(k, n_gallery, int(problem.n_eligible.max()) if n_query else 0)
         if k == 0:
