@@ -284,15 +284,13 @@ def symmetric_top_k(shards: ShardedSet, options: RetrievalOptions, k: int) -> tu
     mine = members[rank]
     embeddings = local[row[qg.query_positions[mine]]]
     lists: list[tuple[slice, Found]] = []  # (rows of mine, their candidates among some of the samples)
-    caps = torch.full((mine.numel(),), math.inf, dtype=local.dtype, device=local.device)
     if mine.numel():
         own = _search(_subset(qg, mine, embeddings), options, k, exact_distances=True)(torch.arange(mine.numel()))
         lists.append((slice(None), _padded(own, k, mine, local)))
-        caps = _kth(lists[0][1])
     for distance in range(1, world // 2 + 1):
-        if distance > 1:  # the K-th distance over every shard seen so far: a tighter cap for this round
+        if len(lists) > 1:  # one list of the shards met so far, whose K-th distances cap this round tighter
             lists = [(slice(None), _merge_lists(lists, mine.numel(), k, local))]
-            caps = _kth(lists[0][1])
+        caps = _kth(lists[0][1]) if lists else local.new_empty(0)
         peers = ((rank + distance) % world, (rank - distance) % world)  # (whose rows visit, where ours go)
         searched, sent, visiting = slice(None), slice(None), members[peers[0]]
         if 2 * distance == world:  # one rectangle between the two shards: each side does half of it

@@ -172,7 +172,7 @@ def _first_thresholds(
 ) -> Tensor:
     """The thresholds a search starts from: the sample's (:func:`sample_thresholds`), lowered to ``ceiling``."""
     if ceiling is not None and bool(torch.isfinite(ceiling).all()):
-        return ceiling.to(torch.float32).clone()
+        return ceiling.clone()
     tau, _ = sample_thresholds(n_query, n_gallery, key_fn, kp, mask_fn, rows_per_chunk, estimate)
     return tau if ceiling is None else torch.minimum(tau, ceiling.to(tau))
 
@@ -205,7 +205,7 @@ def stream_topk(
         estimate: start from estimated thresholds (see :func:`sample_thresholds`).
         compiled: scan with the compiled kernels (None: when these queries alone are a large search); a
             search taken in groups of queries decides it once for all of them.
-        ceiling: ``(Q,)`` first thresholds known beforehand (+inf: none), e.g. from the caps of a sharded
+        ceiling: ``(Q,)`` float32 first thresholds known beforehand (+inf: none), e.g. from the caps of a sharded
             search; the sample is taken only when some query has none.
 
     Returns:
