@@ -111,10 +111,10 @@ class PairPasses:
         scale, offsets, mode = self.form
         rows, cols = block.rows, block.cols
         form = (np.float32(scale), offsets[rows].numpy(), mode)
-        mask_np = np.ones((1, 1), dtype=np.bool_) if mask is None else mask.numpy()
+        mask_np = np.ones((1, block.keys.shape[1]), dtype=np.bool_) if mask is None else mask.numpy()
         assert self.ids is not None
         row_ids, col_ids = self.ids[0][rows].numpy(), self.ids[1][cols].numpy()
-        return block.keys.numpy(), form, cols.start, self.own[rows].numpy(), mask_np, mask is not None, row_ids, col_ids
+        return block.keys.numpy(), form, cols.start, self.own[rows].numpy(), mask_np, row_ids, col_ids
 
     def histograms(self, buckets: PairBuckets) -> tuple[Tensor, Tensor] | None:
         """``(negative, positive)`` histograms of the pairs' buckets, or None without the compiled kernels."""
