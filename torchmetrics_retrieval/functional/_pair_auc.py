@@ -179,7 +179,7 @@ def _compiled_block(
     args = (
         dots.numpy(), q_sq.numpy(), g_sq.numpy(), ieee_sqrt(q_sq).numpy(), ieee_sqrt(g_sq).numpy(),
         _MODES[problem.distance], 1.01 * problem.query64.shape[1] * 2.0**-53, cs.start, own[rs].numpy(),
-        np.ones((1, dots.shape[1]), dtype=np.bool_) if mask is None else mask.numpy(), mask is not None,
+        np.ones((1, dots.shape[1]), dtype=np.bool_) if mask is None else mask.numpy(),
         ids[0][rs].numpy(), ids[1][cs].numpy(),
     )  # fmt: skip
     out = np.zeros((dots.shape[0], 3), dtype=np.int64)

@@ -10,7 +10,7 @@ A known negative distance ``c`` is then placed among the sorted positive distanc
 (``lut[b]``: the first positive in bucket ``b`` or later, so bucket ``b`` holds ``lut[b]`` to ``lut[b + 1]``): an
 empty bucket answers at once, a crowded one is halved down to a short walk. It adds the positives strictly below
 ``c`` and those equal to it. Modes: 0 ``dot``, 1 ``cosine``, 2 ``sqeuclidean``, 3 ``euclidean``. ``mask``: the
-block's eligibility, or one row of True for every row when ``has_mask`` is false.
+block's eligibility, or a single row of True for every row.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def _place(c, positives, lut, first, inv_width, n_buckets):
 
 @pjit
 def count_block(
-    dots, q_sq, g_sq, q_norm, g_norm, mode, dot_bound, col0, own, mask, has_mask, row_ids, col_ids, table, out
+    dots, q_sq, g_sq, q_norm, g_norm, mode, dot_bound, col0, own, mask, row_ids, col_ids, table, out
 ):
     """Per row of the block: ``out[i] = (positives below, positives equal, undecided negatives)`` summed over the
     row's eligible negative pairs (``table``: ``(positives, lut, first, inv_width, n_buckets)``).
@@ -133,15 +133,16 @@ def count_block(
 
 @pjit
 def list_undecided(
-    dots, q_sq, g_sq, q_norm, g_norm, mode, dot_bound, col0, own, mask, has_mask, row_ids, col_ids, rows, offsets, out
+    dots, q_sq, g_sq, q_norm, g_norm, mode, dot_bound, col0, own, mask, row_ids, col_ids, rows, offsets, out
 ):
     """The block columns of the negatives :func:`count_block` left undecided in the block rows ``rows`` (those
     where it counted some): row ``rows[t]``'s go to ``out[offsets[t] : offsets[t + 1]]``."""
     for t in prange(rows.shape[0]):
         i = rows[t]
         k = offsets[t]
+        row_mask = mask[min(i, mask.shape[0] - 1)]
         for j in range(dots.shape[1]):
-            if row_ids[i] == col_ids[j] or own[i] == col0 + j or (has_mask and not mask[i, j]):
+            if row_ids[i] == col_ids[j] or own[i] == col0 + j or not row_mask[j]:
                 continue
             low, high, known = _bracket(dots[i, j], q_sq[i], g_sq[j], q_norm[i], g_norm[j], mode, dot_bound)
             if not known or low != high:
