@@ -81,9 +81,7 @@ def _place(c, positives, lut, first, inv_width, n_buckets):
 
 
 @pjit
-def count_block(
-    dots, q_sq, g_sq, q_norm, g_norm, mode, dot_bound, col0, own, mask, row_ids, col_ids, table, out
-):
+def count_block(dots, q_sq, g_sq, q_norm, g_norm, mode, dot_bound, col0, own, mask, row_ids, col_ids, table, out):
     """Per row of the block: ``out[i] = (positives below, positives equal, undecided negatives)`` summed over the
     row's eligible negative pairs (``table``: ``(positives, lut, first, inv_width, n_buckets)``).
 
