@@ -39,11 +39,12 @@ from torchmetrics_retrieval.functional.relevance import LabelComparisonFn, _dens
 __all__ = ["nan_without_pairs", "place_negatives", "roc_auc_of_pairs"]
 
 _MODES = {"dot": 0, "cosine": 1, "sqeuclidean": 2, "euclidean": 3}
-#: Lookup-table buckets over the positive distances (one per positive at most): 512 KiB of int32, which stay in a
-#: core's L2 cache while every negative pair reads the table at a random place. A negative in a bucket without a
-#: positive reads nothing else; in a crowded one, a binary search. (Measured on 380k positives, N = 20k, one
-#: thread: 8 buckets per positive, 12 MiB, took 11.3 s; 2**16 to 2**21 buckets 6.3-8 s, within the noise.)
-_LUT_ENTRIES = 2**17
+#: Lookup-table buckets over the positive distances (one per positive at most; 4 MiB of int32 at most). A negative
+#: in a bucket without a positive reads nothing else; in a crowded one, a binary search over the positives. The
+#: kernel reads the table in a loop of its own, where the reads overlap, so a finer table that misses L2 still pays:
+#: per negative pair, one thread, 2**17 -> 2**20 buckets took 23-26 -> 15-16 ns with 1.9M positives (N = 100k,
+#: 20 per class) and 11-15 -> 9.5-13 ns with 380k (N = 20k); 2**15 was slower in both.
+_LUT_ENTRIES = 2**20
 
 
 def _tiles(n_rows: int, n_cols: int, chunk_size: int | None, symmetric: bool) -> list[tuple[slice, slice]]:
