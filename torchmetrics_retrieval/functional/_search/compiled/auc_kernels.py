@@ -105,8 +105,8 @@ def count_block(dots, q_sq, g_sq, q_norm, g_norm, mode, dot_bound, col0, own, ma
             skipped = (row_id == col_ids[j]) | (own_col == j) | ~row_mask[j]
             unsure = (~known | (low != high)) & ~skipped
             decided = ~(skipped | unsure)
-            undecided += np.int64(unsure)
-            above += np.int64(decided & (low > largest))
+            undecided += int(unsure)
+            above += int(decided & (low > largest))
             value[j] = low
             inside = decided & (low >= smallest) & (low <= largest)
             b = min(max((np.float64(low) - first) * inv_width, 0.0), last_bucket)
