@@ -242,6 +242,7 @@ class _Counter:
 
             kernel_threads()
             self.kernels = count_kernels
+            self._spares: dict[torch.dtype, Tensor] = {}
             self.own_np = self.own.numpy()
             n_buckets = max(1, min(plan.LUT_BUCKETS_PER_THRESHOLD * m, plan.LUT_BYTES // (2 * max(1, n_rows))))
             lut = np.empty((n_rows, n_buckets), dtype=np.int16 if m < 2**15 else np.int32)
@@ -282,35 +283,37 @@ class _Counter:
         self.ambiguous_cols.append(c + c0)
 
     def _add_compiled(self, keys: Tensor, rs: slice, c0: int, mask: Tensor | None, transposed: bool) -> None:
+        if transposed:  # the row kernel on a transposed copy: a kernel reading the columns in place took 3x as long
+            keys, mask = self._transposed(keys), None if mask is None else self._transposed(mask)
         mask_np = np.ones((1, 1), dtype=np.bool_) if mask is None else mask.numpy()
         table = tuple(a[rs] for a in self.table)
-        item_ids = self.item_ids[c0 : c0 + (keys.shape[0] if transposed else keys.shape[1])]
+        item_ids = self.item_ids[c0 : c0 + keys.shape[1]]
         args = (keys.numpy(), c0, self.own_np[rs], mask_np, mask is not None, self.query_ids[rs], item_ids, table)
         n_rows = rs.stop - rs.start
         n_ambiguous = np.zeros(n_rows, dtype=np.int64)
         held = np.empty((n_rows, plan.AMBIGUOUS_PER_ROW), dtype=np.int64)
-        count = self.kernels.count_columns if transposed else self.kernels.count_rows
-        count(*args, self.hist.numpy()[rs], n_ambiguous, held)
+        self.kernels.count_rows(*args, self.hist.numpy()[rs], n_ambiguous, held)
         kept = np.arange(plan.AMBIGUOUS_PER_ROW)[None, :] < n_ambiguous[:, None]
         kept &= (n_ambiguous <= plan.AMBIGUOUS_PER_ROW)[:, None]
         self.ambiguous_rows.append(torch.from_numpy(np.nonzero(kept)[0] + rs.start))
         self.ambiguous_cols.append(torch.from_numpy(held[kept]))
         overflow = np.nonzero(n_ambiguous > plan.AMBIGUOUS_PER_ROW)[0]
         if overflow.size:  # rows with more near ties than the buffer holds: scanned again, all listed
-            if transposed:
-                keys, mask = keys.T.contiguous(), None if mask is None else mask.T.contiguous()
-                args = (
-                    keys.numpy(),
-                    *args[1:3],
-                    np.ones((1, 1), dtype=np.bool_) if mask is None else mask.numpy(),
-                    *args[4:],
-                )
             offsets = np.zeros(overflow.size + 1, dtype=np.int64)
             np.cumsum(n_ambiguous[overflow], out=offsets[1:])
             listed = np.empty(int(offsets[-1]), dtype=np.int64)
             self.kernels.list_ambiguous(*args, overflow, offsets, listed)
             self.ambiguous_rows.append(torch.from_numpy(np.repeat(overflow, n_ambiguous[overflow]) + rs.start))
             self.ambiguous_cols.append(torch.from_numpy(listed))
+
+    def _transposed(self, block: Tensor) -> Tensor:
+        """``block.T`` in a buffer kept for the next block: a new one per block left the allocator holding
+        hundreds of MB after the count."""
+        size = block.numel()
+        spare = self._spares.get(block.dtype)
+        if spare is None or spare.numel() < size:
+            spare = self._spares[block.dtype] = torch.empty(size, dtype=block.dtype)
+        return spare[:size].view(block.shape[1], block.shape[0]).copy_(block.T)
 
     def counts(self, problem: Problem, rows: Tensor) -> Tensor:
         """``(R, m)``: the eligible items before each threshold, once the ambiguous ones are compared exactly."""

@@ -145,33 +145,6 @@ def list_ambiguous(keys, col0, own, mask, has_mask, query_ids, item_ids, table, 
 
 
 @pjit
-def count_columns(keys, row0, own, mask, has_mask, query_ids, item_ids, table, hist, n_ambiguous, out_cols):
-    """``count_rows`` with the queries along the columns of ``keys`` and the items along its rows (the
-    transposed use of a symmetric block), reading the block in row order: threads take groups of 16 columns."""
-    n_cols = keys.shape[1]
-    capacity = out_cols.shape[1]
-    lower, upper, filled, tol, lut, base, scale = table
-    for group in prange((n_cols + 15) // 16):
-        j0, width = group * 16, min(16, n_cols - group * 16)
-        last = np.empty(16)
-        for i in range(width):
-            last[i] = _last(upper, filled, tol, j0 + i)
-        for r in range(keys.shape[0]):
-            for i in range(width):
-                key = np.float64(keys[r, j0 + i])
-                j = j0 + i
-                if key > last[i] or row0 + r == own[j] or query_ids[j] == item_ids[r] or (has_mask and not mask[r, j]):
-                    continue
-                found = _bin(lower, upper, filled, tol, lut, base, scale, j, key)
-                if found != _AMBIGUOUS:
-                    hist[j, found] += 1
-                    continue
-                if n_ambiguous[j] < capacity:
-                    out_cols[j, n_ambiguous[j]] = row0 + r
-                n_ambiguous[j] += 1
-
-
-@pjit
 def count_preceding(distances, positions, filled, pair_rows, pair_distances, pair_positions, out):
     """For every listed item: how many thresholds of its row precede it or are it, by (distance, position)
     (``distances``, ``pair_distances``: float64 values of the reported distances)."""
