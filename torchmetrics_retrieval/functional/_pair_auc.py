@@ -36,7 +36,7 @@ from torchmetrics_retrieval.functional._search.problem import Problem, make_prob
 from torchmetrics_retrieval.functional._sets import QueryGallery
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn, _dense_label_ids, _label_match_compute
 
-__all__ = ["nan_without_pairs", "place_negatives", "roc_auc_of_pairs"]
+__all__ = ["nan_without_pairs", "place_negatives", "positive_distances", "roc_auc_of_pairs"]
 
 _MODES = {"dot": 0, "cosine": 1, "sqeuclidean": 2, "euclidean": 3}
 #: Lookup-table buckets over the positive distances (one per positive at most; 4 MiB of int32 at most). A negative
@@ -90,7 +90,8 @@ class _Positives:
         return int(left.sum()), int((right - left).sum())
 
 
-def _positives(qg: QueryGallery, problem: Problem, fn: LabelComparisonFn | None) -> Tensor:
+def positive_distances(qg: QueryGallery, problem: Problem, fn: LabelComparisonFn | None) -> Tensor:
+    """The canonical distances of every eligible positive pair (ordered pairs, in no useful order)."""
     rows = torch.arange(qg.query.shape[0], device=qg.query.device)
     pair_rows, pair_cols = _relevant_pairs(qg, problem, rows, RetrievalOptions.create(label_comparison_fn=fn))
     return canonical_distances(problem, rows, pair_rows, pair_cols).to(qg.query.dtype)
@@ -121,14 +122,14 @@ def roc_auc_of_pairs(
     device = qg.query.device
     problem = make_problem(qg.query, qg.gallery, distance, qg.exclusions(), qg.same_set)
     n_query, n_gallery = qg.query.shape[0], qg.gallery.shape[0]
-    positive_distances = _positives(qg, problem, label_comparison_fn)
-    n_positive = positive_distances.numel()
+    positives = positive_distances(qg, problem, label_comparison_fn)
+    n_positive = positives.numel()
     n_negative = int(qg.exclusions().count_eligible(n_query, n_gallery, device).sum()) - n_positive
     undefined = nan_without_pairs(n_positive, n_negative, device)
     if undefined is not None:
         return undefined
     with section("pairs, ROC AUC", n_query * n_gallery):
-        below, equal = place_negatives(qg, problem, _Positives(positive_distances), label_comparison_fn, chunk_size)
+        below, equal = place_negatives(qg, problem, _Positives(positives), label_comparison_fn, chunk_size)
     area = (below + 0.5 * equal) / (n_positive * n_negative)  # Python ints: exact up to the one division
     return torch.tensor(area, dtype=torch.float64, device=device)
 

@@ -21,8 +21,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from torchmetrics_retrieval.functional import _pair_quantiles
+from torchmetrics_retrieval.functional import _pair_quantiles, _pair_windows
+from torchmetrics_retrieval.functional._pair_auc import positive_distances
 from torchmetrics_retrieval.functional._pair_quantiles import PairBlock, PairBuckets
+from torchmetrics_retrieval.functional._pair_windows import Sample, Windows
 from torchmetrics_retrieval.functional._precision import ieee_sqrt
 from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional._search.key_blocks import KeyBlock, key_blocks, key_form
@@ -31,6 +33,12 @@ from torchmetrics_retrieval.functional._sets import QueryGallery
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn, _dense_label_ids, _label_match_compute
 
 __all__ = ["PairPasses"]
+
+#: The sample of :meth:`PairPasses.sample` is one tile of rows in at least this many (at most about 2 / this of
+#: the pairs of a set against itself).
+_SAMPLED_TILES = 8
+#: At most this many positive pairs are listed for the sample (16 bytes each, briefly).
+_LISTED_POSITIVES = 2**22
 
 
 def _pair_kernels() -> Any:
@@ -69,7 +77,11 @@ class PairPasses:
         return key_blocks(self.problem, self.rows, self.chunk_size, self.problem.symmetric)
 
     def _blocks(self) -> Iterator[tuple[KeyBlock, Tensor | None]]:
-        for block in self._key_blocks():
+        return self._masked(self._key_blocks())
+
+    def _masked(self, blocks: Iterator[KeyBlock]) -> Iterator[tuple[KeyBlock, Tensor | None]]:
+        """Each block with its eligibility mask (None: every pair but the self-matches)."""
+        for block in blocks:
             shape = (block.keys.shape[0], block.keys.shape[1])
             yield block, self.others.eligible(block.rows, block.cols, shape, self.rows.device)
 
@@ -116,21 +128,57 @@ class PairPasses:
         row_ids, col_ids = self.ids[0][rows].numpy(), self.ids[1][cols].numpy()
         return block.keys.numpy(), form, cols.start, self.own[rows].numpy(), mask_np, row_ids, col_ids
 
-    def histograms(self, buckets: PairBuckets) -> tuple[Tensor, Tensor] | None:
-        """``(negative, positive)`` histograms of the pairs' buckets, or None without the compiled kernels."""
+    def histograms(self, buckets: PairBuckets, windows: Windows | None = None) -> tuple[Tensor, Tensor] | None:
+        """``(negative, positive)`` histograms of the pairs' buckets, or None without the compiled kernels; the
+        pairs inside ``windows`` are also counted by value, into ``windows``."""
         if not self.compiled:
             return None
         from torchmetrics_retrieval.functional._search.compiled.buffer import kernel_threads
 
-        pair_kernels = _pair_kernels()
         n_buckets = _pair_quantiles.N_BUCKETS  # read at call time (tests use fewer buckets)
         hist = np.zeros((kernel_threads(), 2 * n_buckets), dtype=np.int64)
-        for block, mask in self._blocks():
-            # a symmetric block off the diagonal stands for its pairs both ways round: weight 2
-            args = self._kernel_args(block, mask)
-            pair_kernels.histogram(*args, 2 if block.mirrored else 1, tuple(buckets), hist)
+        self._histogram(self._blocks(), buckets, hist, windows)
         total = torch.from_numpy(hist.sum(axis=0))
         return total[:n_buckets], total[n_buckets:]
+
+    def sample(self, buckets: PairBuckets) -> Sample | None:
+        """What ``_pair_windows`` foresees the second pass's buckets from: the histograms of the first tile of
+        rows against every column, in ``GROUPS`` runs of rows, and of every positive pair's canonical distance
+        when there are at most ``_LISTED_POSITIVES``. None without the compiled kernels, or when the tile holds
+        more than a few percent of the pairs."""
+        tile_rows = plan.SYMMETRIC_KEY_TILE if self.problem.symmetric else plan.KEY_TILE_ROWS
+        if not self.compiled or self.rows.numel() < _SAMPLED_TILES * min(tile_rows, self.chunk_size or tile_rows):
+            return None
+        n_buckets = _pair_quantiles.N_BUCKETS
+        hist = np.zeros((_pair_windows.GROUPS, 2 * n_buckets), dtype=np.int64)
+        blocks = key_blocks(self.problem, self.rows, self.chunk_size, self.problem.symmetric, first_rows_only=True)
+        self._histogram(self._masked(blocks), buckets, hist, None)
+        assert self.ids is not None
+        n_labels = int(max(self.ids[0].max(), self.ids[1].max())) + 1
+        per_label = [torch.bincount(ids, minlength=n_labels) for ids in self.ids]
+        positives = None
+        if int((per_label[0] * per_label[1]).sum()) <= _LISTED_POSITIVES:  # before exclusions: at most that
+            distances = positive_distances(self.qg, self.problem, self.label_comparison_fn)
+            positives = torch.bincount(buckets.ids(distances), minlength=n_buckets)
+        return Sample(torch.from_numpy(hist), positives)
+
+    def _histogram(
+        self,
+        blocks: Iterator[tuple[KeyBlock, Tensor | None]],
+        buckets: PairBuckets,
+        hist: np.ndarray,
+        windows: Windows | None,
+    ) -> None:
+        pair_kernels = _pair_kernels()
+        if windows is None:
+            span, delta = pair_kernels._NO_SPAN, np.zeros(0, dtype=np.int64)
+            fine = np.zeros((hist.shape[0], 0), dtype=np.int64)
+        else:
+            span, delta, fine = windows.span, windows.delta, windows.counters(hist.shape[0])
+        for block, mask in blocks:
+            # a symmetric block off the diagonal stands for its pairs both ways round: weight 2
+            args = self._kernel_args(block, mask)
+            pair_kernels.histogram(*args, 2 if block.mirrored else 1, tuple(buckets), hist, span, delta, fine)
 
     def wanted(self, buckets: PairBuckets, wanted_ids: Tensor) -> Iterator[tuple[Tensor, Tensor]] | None:
         """``(distances, positive)`` of the pairs whose (bucket, sign) is wanted (``wanted_ids``: ``(2 n_buckets,)``

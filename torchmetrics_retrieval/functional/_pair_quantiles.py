@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._pair_rates import Counted, RateRequest, rates, wanted_buckets
+from torchmetrics_retrieval.functional._pair_windows import Windows, likely_buckets
 from torchmetrics_retrieval.functional._progress import section
 
 __all__ = [
@@ -112,11 +113,11 @@ _Counts = Counted  # distinct values (sorted) with multiplicities
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-def _histograms(source: PairSource, buckets: PairBuckets) -> tuple[Tensor, Tensor]:
+def _histograms(source: PairSource, buckets: PairBuckets, windows: Windows | None) -> tuple[Tensor, Tensor]:
     """``(negative, positive)`` histograms, ``(N_BUCKETS,)`` int64 each (from the source's own compiled pass
-    when it offers one, see ``_pair_passes``)."""
+    when it offers one, see ``_pair_passes``, which also counts the values inside ``windows``)."""
     offered = getattr(source, "histograms", None)
-    counted = offered(buckets) if offered is not None else None
+    counted = offered(buckets, windows) if offered is not None else None
     if counted is not None:
         return counted
     total: Tensor | None = None
@@ -257,6 +258,17 @@ def curve(source: PairSource, buckets: PairBuckets, fractions: tuple[float, ...]
     return statistics(source, buckets, fractions, None, device).curve
 
 
+def _windows(
+    source: PairSource, buckets: PairBuckets, fractions: tuple[float, ...], request: RateRequest | None
+) -> Windows | None:
+    """The values pass 1 should count exactly (``_pair_windows``), from a sample of the source's pairs; None
+    when the source offers no sample or the sample foresees too little."""
+    sample = getattr(source, "sample", None)
+    found = sample(buckets) if sample is not None else None
+    likely = None if found is None else likely_buckets(found, fractions, request)
+    return None if likely is None else Windows.around(likely, buckets.low, buckets.scale)
+
+
 class Statistics(NamedTuple):
     """The curve at the requested FMR values, the rates (``eer``, ``min_dcf/{p}``) and each rate's operating
     point ``(FMR, FNMR)``."""
@@ -278,8 +290,9 @@ def statistics(
     two passes over ``source`` shared by all of them (``totals``: the source holds a part of the pairs, and
     each pass's result becomes that of every pair through it)."""
     total = getattr(source, "n_pairs", None)
+    windows = None if totals is not None else _windows(source, buckets, fractions, request)
     with section("pairs, pass 1 of 2", total):
-        negative_hist, positive_hist = _histograms(source, buckets)
+        negative_hist, positive_hist = _histograms(source, buckets, windows)
     if totals is not None:
         negative_hist, positive_hist = totals.histograms(negative_hist, positive_hist)
     n_negative, n_positive = int(negative_hist.sum()), int(positive_hist.sum())
@@ -302,8 +315,13 @@ def statistics(
     if request is not None:  # both signs of the buckets the rates read (more pairs do not change the curve)
         whole = wanted_buckets(negative_hist, positive_hist, request)
         negative_wanted, positive_wanted = negative_wanted | whole, positive_wanted | whole
-    with section("pairs, pass 2 of 2", total):
-        negatives, positives = _collect(source, buckets, negative_wanted, positive_wanted)
+    needed = negative_wanted | positive_wanted
+    early = None if windows is None else windows.read(buckets.ids, negative_hist, positive_hist, needed)
+    if early is not None:  # every wanted bucket was counted by value in pass 1
+        negatives, positives = early
+    else:
+        with section("pairs, pass 2 of 2", total):
+            negatives, positives = _collect(source, buckets, negative_wanted, positive_wanted)
     if totals is not None:
         negatives, positives = totals.collected(negatives, positives)
     found, points = (

@@ -14,8 +14,8 @@ pair is computed once, by the rank holding its gallery item, and no block is mir
 the largest over ranks (an ``all_reduce`` MAX), so every rank enters the same collectives.
 
 1. *positives*: in the rounds each rank lists the positive pairs of its sub-problems with their canonical
-   distances (``_pair_auc._positives``); they are all-gathered and sorted on every rank (the multiset of every
-   positive pair's distance: one process's sorted positives, whatever the order of the parts). ``n_pos`` is
+   distances (``_pair_auc.positive_distances``); they are all-gathered and sorted on every rank (the multiset of
+   every positive pair's distance: one process's sorted positives, whatever the order of the parts). ``n_pos`` is
    their number, ``n_neg`` the eligible pairs of the global labels and rules minus ``n_pos``, as on one process.
 2. *negatives*: in the rounds again each rank places the negatives of its sub-problems among all positives
    (``_pair_auc.place_negatives``); ``below`` and ``equal`` are summed with one int64 ``all_reduce``.
@@ -34,7 +34,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._pair_auc import _Positives, _positives, nan_without_pairs, place_negatives
+from torchmetrics_retrieval.functional._pair_auc import (
+    _Positives,
+    nan_without_pairs,
+    place_negatives,
+    positive_distances,
+)
 from torchmetrics_retrieval.functional._progress import section
 from torchmetrics_retrieval.functional._search.problem import Problem, make_problem
 from torchmetrics_retrieval.functional._sets import QueryGallery
@@ -83,16 +88,16 @@ def sharded_roc_auc(
     qg, local, _, _, group = shards
     device = local.device
     rounds = _Rounds(shards, distance)
-    found = [_positives(*part, label_comparison_fn) for part in rounds if part is not None]
+    found = [positive_distances(*part, label_comparison_fn) for part in rounds if part is not None]
     mine = torch.cat(found) if found else local.new_zeros((0,))
-    positive_distances = torch.cat(gather(mine, group))
-    n_positive = positive_distances.numel()
+    every_positive = torch.cat(gather(mine, group))
+    n_positive = every_positive.numel()
     n_eligible = int(qg.exclusions().count_eligible(qg.query.shape[0], qg.gallery.shape[0], device).sum())
     n_negative = n_eligible - n_positive
     undefined = nan_without_pairs(n_positive, n_negative, device)
     if undefined is not None:
         return undefined
-    positives = _Positives(positive_distances)
+    positives = _Positives(every_positive)
     counts = torch.zeros(2, dtype=torch.int64, device=device)
     with section("pairs, ROC AUC", rounds.n_pairs()):
         for part in rounds:

@@ -57,8 +57,11 @@ def key_form(problem: Problem, rows: Tensor, symmetric: bool) -> KeyForm:
     return KeyForm(2.0 if mode and symmetric else 1.0, offsets, mode)
 
 
-def key_blocks(problem: Problem, rows: Tensor, chunk_size: int | None, symmetric: bool) -> Iterator[KeyBlock]:
-    """Blocks of stage-1 keys of the queries ``rows`` (``symmetric``: every query, the set against itself)."""
+def key_blocks(
+    problem: Problem, rows: Tensor, chunk_size: int | None, symmetric: bool, first_rows_only: bool = False
+) -> Iterator[KeyBlock]:
+    """Blocks of stage-1 keys of the queries ``rows`` (``symmetric``: every query, the set against itself);
+    ``first_rows_only``: only the blocks of the first tile of rows, against every column (a sample)."""
     gallery, gallery_sq = problem.stage_gallery()
     n_rows, n_cols = rows.numel(), gallery.shape[0]
     keys: Callable[[slice, slice], Tensor]
@@ -78,6 +81,8 @@ def key_blocks(problem: Problem, rows: Tensor, chunk_size: int | None, symmetric
             for a in range(0, n_rows, tile_rows)
             for b in range(0, n_cols, tile_cols)
         ]
+    if first_rows_only:
+        tiles = [(rs, cs) for rs, cs in tiles if rs.start == 0]
     for rs, cs in tiles:
         with ieee_float32_matmul():
             block = keys(rs, cs)

@@ -8,6 +8,10 @@ in float64 exactly as ``PairBuckets.ids``: ``(d - low) * bucket_scale``, clamped
 A pair is positive when its row's and column's label ids are equal; excluded pairs (``own``, ``mask``: the
 block's eligibility, or one row of True for every row) are skipped. ``weight`` is 2 for a symmetric block off
 the diagonal, whose entries stand for two ordered pairs.
+
+The histogram pass can also count the pairs of chosen buckets by exact float32 value, in a few windows of
+consecutive values (indexed by the order-preserving integer key of a float32; ``functional._pair_windows``).
+Those counts are the distinct distances with their multiplicities, which the second pass would otherwise list.
 """
 
 from __future__ import annotations
@@ -35,37 +39,76 @@ def _bucket(d, low, bucket_scale, n_buckets):
     return np.int64(min(max(x, 0.0), n_buckets - 1.0))
 
 
+#: Added to the slot of a pair whose bucket lies in ``histogram``'s span of tracked buckets.
+_IN_SPAN = 1 << 30
+#: The span ``(first, last)`` bucket of no window.
+_NO_SPAN = (np.int64(1), np.int64(0))
+#: ``delta`` of a bucket that is not tracked (``_pair_windows.UNTRACKED``).
+_UNTRACKED = np.iinfo(np.int64).min
+
+
 @inline
-def _row_slots(keys, r, scale, offset, mode, self_col, mask, label, col_ids, low, bucket_scale, n_buckets, slots):
+def _row_slots(
+    keys, r, scale, offset, mode, self_col, mask, label, col_ids, low, bucket_scale, n_buckets, span, slots, values
+):
     """``slots[c]``: row r's pair with column c as an index of ``hist``/``wanted`` (its bucket, plus ``n_buckets``
-    when positive), -1 when excluded. Written without a branch on the data, so that the loop vectorises; the
-    callers read the slots in a second loop (measured: about half the time of one fused loop)."""
+    when positive; plus ``_IN_SPAN`` when the bucket lies in ``span``, ``(first, last)``), -1 when excluded;
+    ``values[c]``: its distance (-0 made +0, so that equal values have one bit pattern). Written without a
+    branch on the data, so that the loop vectorises; the callers read the slots in a second loop (measured:
+    about half the time of one fused loop; and reading a table there for every pair, to find the tracked ones,
+    cost 1.6 ns a pair)."""
     row_mask = mask[min(np.int64(r), mask.shape[0] - 1)]
+    first, last = span
     for c in range(keys.shape[1]):
         d = _distance(keys[r, c], scale, offset, mode)
-        slot = _bucket(d, low, bucket_scale, n_buckets) + n_buckets * np.int64(col_ids[c] == label)
+        values[c] = d + np.float32(0.0)
+        bucket = _bucket(d, low, bucket_scale, n_buckets)
+        slot = bucket + n_buckets * np.int64(col_ids[c] == label)
+        slot += _IN_SPAN * np.int64((bucket >= first) & (bucket <= last))
         slots[c] = np.int32(-1) if (c == self_col) | ~row_mask[c] else np.int32(slot)
 
 
+@inline
+def _ordered_key(bits):
+    """The order-preserving integer of a float32's bits (``_pair_windows.ordered_keys``)."""
+    return np.int64(bits) if bits >= 0 else -np.int64(bits & 0x7FFFFFFF) - 1
+
+
 @pjit
-def histogram(keys, form, col0, own, mask, row_ids, col_ids, weight, buckets, hist):
-    """Add every eligible pair's bucket to ``hist`` ``(threads, 2 n_buckets)``: negatives, then positives (one
-    row of counts per thread, summed by the caller: integer sums, so the result does not depend on threads).
-    ``mask``: the block's eligibility, or one row of True for every row."""
+def histogram(keys, form, col0, own, mask, row_ids, col_ids, weight, buckets, hist, span, delta, fine):
+    """Add every eligible pair's bucket to ``hist`` ``(parts, 2 n_buckets)``: negatives, then positives, and its
+    exact value to ``fine`` ``(parts, size)`` when its bucket is tracked: at ``delta[bucket - first] + 2 key +
+    positive`` (``span``: the ``(first, last)`` tracked bucket, ``_NO_SPAN`` without windows; ``delta``: see
+    ``_pair_windows.Windows``). The block's rows are cut into ``parts`` runs, one row of counts each, summed by
+    the caller (integer sums: the result does not depend on threads). ``mask``: the block's eligibility, or one row of
+    True for every row."""
     scale, offsets, mode = form
     low, bucket_scale = buckets
-    n_threads, n_buckets = hist.shape[0], hist.shape[1] // 2
-    n_rows = keys.shape[0]
-    for t in prange(n_threads):
+    n_parts, n_buckets = hist.shape[0], hist.shape[1] // 2
+    n_rows, size = keys.shape[0], fine.shape[1]
+    first = span[0]
+    for t in prange(n_parts):
         slots = np.empty(keys.shape[1], dtype=np.int32)
-        for r in range(n_rows * t // n_threads, n_rows * (t + 1) // n_threads):
+        values = np.empty(keys.shape[1], dtype=np.float32)
+        bits = values.view(np.int32)
+        for r in range(n_rows * t // n_parts, n_rows * (t + 1) // n_parts):
             _row_slots(
                 keys, r, scale, offsets[r], mode, own[r] - col0, mask, row_ids[r], col_ids, low, bucket_scale,
-                n_buckets, slots,
+                n_buckets, span, slots, values,
             )  # fmt: skip
             for c in range(keys.shape[1]):
-                if slots[c] >= 0:
-                    hist[t, slots[c]] += weight
+                s = slots[c]
+                if s < 0:
+                    continue
+                if s >= _IN_SPAN:
+                    s -= _IN_SPAN
+                    positive = np.int64(s >= n_buckets)
+                    at = delta[s - n_buckets * positive - first]
+                    if at != _UNTRACKED:
+                        at += 2 * _ordered_key(bits[c]) + positive
+                        if 0 <= at < size:  # else a value beyond its window: the caller's check sees it
+                            fine[t, at] += weight
+                hist[t, s] += weight
 
 
 @pjit
@@ -76,9 +119,10 @@ def count_wanted(keys, form, col0, own, mask, row_ids, col_ids, buckets, wanted,
     n_buckets = wanted.shape[0] // 2
     for r in prange(keys.shape[0]):
         slots = np.empty(keys.shape[1], dtype=np.int32)
+        values = np.empty(keys.shape[1], dtype=np.float32)
         _row_slots(
             keys, r, scale, offsets[r], mode, own[r] - col0, mask, row_ids[r], col_ids, low, bucket_scale,
-            n_buckets, slots,
+            n_buckets, _NO_SPAN, slots, values,
         )  # fmt: skip
         found = 0
         for c in range(keys.shape[1]):
@@ -96,13 +140,14 @@ def list_wanted(keys, form, col0, own, mask, row_ids, col_ids, buckets, wanted, 
         if offsets[r + 1] == offsets[r]:
             continue
         slots = np.empty(keys.shape[1], dtype=np.int32)
+        values = np.empty(keys.shape[1], dtype=np.float32)
         _row_slots(
             keys, r, scale, row_offsets[r], mode, own[r] - col0, mask, row_ids[r], col_ids, low, bucket_scale,
-            n_buckets, slots,
+            n_buckets, _NO_SPAN, slots, values,
         )  # fmt: skip
         at = offsets[r]
         for c in range(keys.shape[1]):
             if slots[c] >= 0 and wanted[slots[c]]:
-                out_d[at] = _distance(keys[r, c], scale, row_offsets[r], mode)
+                out_d[at] = values[c]
                 out_p[at] = slots[c] >= n_buckets
                 at += 1

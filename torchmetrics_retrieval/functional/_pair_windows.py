@@ -1,0 +1,229 @@
+"""The second pass of the pair metrics, done inside the first when its buckets can be foreseen.
+
+FNMR@FMR, EER and minDCF read every pair twice (``_pair_quantiles``): a histogram of distance buckets, then the
+exact distances of the few buckets where the answers lie. Those buckets can be foreseen. A sample of the pairs
+(the first tile of rows against every column, cut into row groups) gives FMR at every bucket end, and the
+spread over the groups a standard error. FNMR comes from every positive pair when they are few (listed from the
+labels, with their canonical distances: within a float32 step or so of the pass's, where a bucket spans
+hundreds), else from the sample like FMR. Every bucket that could hold an answer with the rates anywhere within
+``Z`` standard errors (and ``SHIFT`` buckets for the listed positives) is *tracked*: in the histogram pass, the
+pairs of the tracked buckets are also counted by exact float32 value (a few windows of consecutive float32
+values, one counter per value and sign). These counts are the distinct distances with their multiplicities,
+which the second pass would list. If every bucket the answers need was tracked, and the counts match the
+histograms bucket by bucket, the second pass is skipped; otherwise it runs. The values are exact either way:
+only the time depends on the sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from torchmetrics_retrieval.functional._pair_rates import Counted, RateRequest
+
+__all__ = ["GROUPS", "Sample", "Windows", "from_keys", "likely_buckets", "ordered_keys"]
+
+#: Row groups of the sample; their spread gives the standard errors.
+GROUPS = 8
+#: Width of the bounds, in standard errors: generous, as a miss costs a whole pass and a wide window little.
+Z = 6.0
+#: Most float32 values the windows count (an int64 per value, sign and thread: 16 MiB per thread).
+MAX_KEYS = 2**20
+#: Most float32 values in one tracked bucket (a bucket spans hundreds unless it lies near 0).
+MAX_BUCKET_KEYS = 2**14
+#: ``Windows.delta`` of a bucket that is not tracked.
+UNTRACKED = np.iinfo(np.int64).min
+#: Fewest sampled pairs of either sign to foresee anything from.
+MIN_SAMPLE = 100
+#: Buckets a listed positive may move by between its canonical distance and the pass's.
+SHIFT = 4
+
+
+class Sample(NamedTuple):
+    """What the buckets are foreseen from: the histograms of a sample of the pairs, ``(GROUPS, 2 n_buckets)``
+    (negatives then positives, one row per group of rows), and the histogram of every positive pair's canonical
+    distance (None when there are too many to list)."""
+
+    groups: Tensor
+    positives: Tensor | None
+
+
+def ordered_keys(values: np.ndarray) -> np.ndarray:
+    """int64 keys of float32 values, in the same order as the values (the kernels' ``_ordered_key``)."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.int32).astype(np.int64)
+    return np.where(bits >= 0, bits, -(bits & 0x7FFFFFFF) - 1)
+
+
+def from_keys(keys: np.ndarray) -> np.ndarray:
+    """The float32 values of :func:`ordered_keys`' keys."""
+    bits = np.where(keys >= 0, keys, (-keys - 1) | 0x80000000)
+    return bits.astype(np.uint32).view(np.float32)
+
+
+class _Rates(NamedTuple):
+    """Bounds on FMR and FNMR at every bucket end (float64, ``(n_buckets,)``)."""
+
+    fmr_low: Tensor
+    fmr_high: Tensor
+    fnmr_low: Tensor
+    fnmr_high: Tensor
+
+
+def _bounds(cumulative: Tensor, z: float) -> tuple[Tensor, Tensor, Tensor] | None:
+    """The pooled share of pairs at or below every bucket end, and its bounds from the groups' spread
+    (``cumulative``: ``(GROUPS, n_buckets)`` cumulative counts); None when the sample is too small."""
+    totals = cumulative[:, -1].to(torch.float64)
+    n = float(totals.sum())
+    if n < MIN_SAMPLE:
+        return None
+    pooled = cumulative.sum(dim=0).to(torch.float64) / n
+    present = totals > 0
+    shares = cumulative[present].to(torch.float64) / totals[present, None]
+    spread = shares.std(dim=0) / int(present.sum()) ** 0.5 if int(present.sum()) > 1 else torch.zeros_like(pooled)
+    error = torch.maximum(spread, (pooled * (1 - pooled) / n).sqrt()) * z + z / n
+    return pooled, (pooled - error).clamp(0, 1), (pooled + error).clamp(0, 1)
+
+
+def _shifted(values: Tensor, by: int, fill: float) -> Tensor:
+    """``values[b - by]`` at every ``b`` (``fill`` beyond the ends)."""
+    out = torch.full_like(values, fill)
+    if by >= 0:
+        out[by:] = values[: values.numel() - by]
+    else:
+        out[:by] = values[-by:]
+    return out
+
+
+def _rates(sample: Sample, z: float) -> _Rates | None:
+    n_buckets = sample.groups.shape[1] // 2
+    negatives = _bounds(sample.groups[:, :n_buckets].cumsum(dim=1), z)
+    if sample.positives is None:
+        positives = _bounds(sample.groups[:, n_buckets:].cumsum(dim=1), z)
+    elif int(sample.positives.sum()) > 0:
+        share = sample.positives.cumsum(0).to(torch.float64) / int(sample.positives.sum())
+        positives = share, _shifted(share, SHIFT, 0.0), _shifted(share, -SHIFT, 1.0)
+    else:
+        positives = None
+    if negatives is None or positives is None:
+        return None
+    # FNMR = 1 - the share of positives at or below the end
+    return _Rates(negatives[1], negatives[2], 1 - positives[2], 1 - positives[1])
+
+
+def _hull(marked: Tensor) -> Tensor:
+    """Every bucket from the first marked one to the last."""
+    hull = torch.zeros_like(marked)
+    found = torch.nonzero(marked).flatten()
+    if found.numel():
+        hull[int(found[0]) : int(found[-1]) + 1] = True
+    return hull
+
+
+def _before(values: Tensor, first: float) -> Tensor:
+    """``values`` at the previous bucket end (``first`` before the first bucket)."""
+    return torch.cat([values.new_full((1,), first), values[:-1]])
+
+
+def likely_buckets(sample: Sample, fractions: tuple[float, ...], request: RateRequest | None) -> Tensor | None:
+    """Bool ``(n_buckets,)``: the buckets that may hold an answer; None when the sample is too small."""
+    bounds = _rates(sample, Z)
+    if bounds is None:
+        return None
+    fmr_low, fmr_high, fnmr_low, fnmr_high = bounds
+    likely = torch.zeros_like(fmr_low, dtype=torch.bool)
+    for f in fractions:  # the quantile's bucket: FMR reaches f at its end, not before it
+        likely |= _hull((_before(fmr_low, 0.0) <= f) & (fmr_high >= f))
+    if request is None:
+        request = RateRequest(False, (), (1.0, 1.0))
+    if request.eer:  # the first bucket where FMR - FNMR turns non-negative
+        likely |= _hull((fmr_high - fnmr_low >= 0) & (_before(fmr_low - fnmr_high, -1.0) < 0))
+    for p in request.p_targets:
+        miss, false_alarm = request.costs[0] * p, request.costs[1] * (1 - p)
+        scale = min(miss, false_alarm)
+        miss, false_alarm = miss / scale, false_alarm / scale
+        best = min(float((miss * fnmr_high + false_alarm * fmr_high).min()), miss)
+        likely |= _hull(miss * fnmr_low + false_alarm * _before(fmr_low, 0.0) < best)
+    # the end buckets also hold every value beyond the bounds: no window can hold them
+    likely[0] = likely[-1] = False
+    return likely
+
+
+class Windows:
+    """The float32 values the histogram pass counts exactly: the values of the ``tracked`` buckets, as a few
+    runs of consecutive keys (rows ``(first key, end key, offset)`` of :attr:`table`; a value's counters sit at
+    ``offset + 2 (key - first key)``, the negatives', then the positives'). For the kernel, :attr:`span` holds
+    the first and last tracked bucket and :attr:`delta` the ``offset - 2 first key`` of each bucket between
+    them (``UNTRACKED`` for the others)."""
+
+    def __init__(self, tracked: Tensor, table: np.ndarray, delta: np.ndarray, span: tuple[int, int]) -> None:
+        self.tracked, self.table, self.delta, self.span = tracked, table, delta, span
+        self.size = int(2 * (table[:, 1] - table[:, 0]).sum())
+        self.fine = np.zeros((1, 0), dtype=np.int64)
+
+    @classmethod
+    def around(cls, tracked: Tensor, low: float, scale: float) -> Windows | None:
+        """The windows of the ``tracked`` buckets of ``floor((d - low) * scale)``; None beyond ``MAX_KEYS``. A
+        bucket of more than ``MAX_BUCKET_KEYS`` float32 values (near 0, where they crowd) is not tracked."""
+        buckets = torch.nonzero(tracked).flatten().double().numpy()
+        crowded = np.diff(ordered_keys((low + np.stack([buckets, buckets + 1]) / scale).astype(np.float32)), axis=0)
+        tracked = tracked.clone()
+        tracked[torch.from_numpy(buckets[crowded[0] > MAX_BUCKET_KEYS]).long()] = False
+        padded = torch.cat([tracked.new_zeros(1), tracked, tracked.new_zeros(1)]).to(torch.int8)
+        edges = torch.diff(padded)
+        starts = torch.nonzero(edges == 1).flatten().numpy()
+        ends = torch.nonzero(edges == -1).flatten().numpy()  # one past each run
+        if starts.size == 0:
+            return None
+        # a value of bucket b lies in [low + b / scale, low + (b + 1) / scale] but for roundings far below a
+        # float32 step: two steps on each side hold them all (the counts are checked against the histogram)
+        first = ordered_keys((low + starts / scale).astype(np.float32)) - 2
+        end = ordered_keys((low + ends / scale).astype(np.float32)) + 3
+        merged: list[list[int]] = []
+        window_of_run = []
+        for a, b in zip(first.tolist(), end.tolist(), strict=True):
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+            window_of_run.append(len(merged) - 1)
+        table = np.array([[a, b, 0] for a, b in merged], dtype=np.int64)
+        sizes = table[:, 1] - table[:, 0]
+        if int(sizes.sum()) > MAX_KEYS:
+            return None
+        table[1:, 2] = np.cumsum(2 * sizes)[:-1]
+        span = (int(starts[0]), int(ends[-1]) - 1)
+        delta = np.full(span[1] - span[0] + 1, UNTRACKED, dtype=np.int64)
+        for a, b, w in zip(starts.tolist(), ends.tolist(), window_of_run, strict=True):
+            delta[a - span[0] : b - span[0]] = table[w, 2] - 2 * table[w, 0]
+        return cls(tracked, table, delta, span)
+
+    def counters(self, parts: int) -> np.ndarray:
+        """Zeroed counters for ``parts`` runs of rows (the histogram kernel's ``fine``), kept for :meth:`read`."""
+        self.fine = np.zeros((parts, self.size), dtype=np.int64)
+        return self.fine
+
+    def read(
+        self, bucket_of: Callable[[Tensor], Tensor], negative_hist: Tensor, positive_hist: Tensor, needed: Tensor
+    ) -> tuple[Counted, Counted] | None:
+        """The distinct negative and positive distances of the tracked buckets with their multiplicities, if
+        they hold every ``needed`` bucket and match the histograms; else None (the second pass must run)."""
+        if bool((needed & ~self.tracked).any()):
+            return None
+        counts = self.fine.sum(axis=0)
+        keys = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b, _ in self.table])
+        values = torch.from_numpy(from_keys(keys))
+        ids = bucket_of(values).long()
+        keep = self.tracked[ids]
+        found = []
+        for sign, hist in ((0, negative_hist), (1, positive_hist)):
+            n = torch.from_numpy(counts[sign::2])
+            at = keep & (n > 0)
+            per_bucket = torch.zeros_like(hist).index_add_(0, ids[at], n[at])
+            if not torch.equal(per_bucket[self.tracked], hist[self.tracked]):
+                return None
+            found.append(Counted(values[at], n[at]))
+        return found[0], found[1]
