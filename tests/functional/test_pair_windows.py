@@ -15,16 +15,12 @@ from torchmetrics_retrieval.functional import _pair_quantiles, _pair_windows
 from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional.verification import fnmr_at_fmr
 
-RATES: dict[str, Any] = {"fmr_vals": (0.01, 0.1), "eer": True, "min_dcf_p_target": (0.5,)}
+RATES: dict[str, Any] = {"fmr_vals": (0.01, 0.1), "eer": True, "min_dcf_p_target": (0.05, 0.5)}
 
 
 @pytest.fixture(autouse=True)
-def compiled(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The sample and the windows live in the compiled passes, which small data would not take. With a sample
-    this small (64 rows of 2000) the default bounds span too many float32 values for the windows: narrower
-    bounds (a miss would show as a second pass) and more values."""
-    monkeypatch.setattr(_pair_windows, "Z", 2.0)
-    monkeypatch.setattr(_pair_windows, "MAX_KEYS", 2**22)
+def compiled() -> Iterator[None]:
+    """The sample and the windows live in the compiled passes, which small data would not take."""
     with plan.force_compiled(True):
         yield
 
@@ -181,6 +177,19 @@ def test_counts_that_miss_a_pair_are_not_used(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(_pair_windows.Windows, "read", short)
     spy = Spy(monkeypatch)
     found = fnmr_at_fmr(x, labels, chunk_size=64, **RATES)
+    assert (spy.second_passes, spy.windows_read) == (1, 0)
+    for key in expected:
+        assert torch.equal(found[key], expected[key]), key
+
+
+def test_values_crowded_near_zero_are_left_to_the_second_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Half the negative pairs lie below a dot distance near 0, where a bucket spans too many float32 values to
+    count each: that bucket is not tracked, and the second pass reads it."""
+    x, labels = data()
+    rates = {**RATES, "fmr_vals": (0.5,)}
+    expected = two_passes(monkeypatch, lambda: fnmr_at_fmr(x, labels, distance="dot", chunk_size=64, **rates))
+    spy = Spy(monkeypatch)
+    found = fnmr_at_fmr(x, labels, distance="dot", chunk_size=64, **rates)
     assert (spy.second_passes, spy.windows_read) == (1, 0)
     for key in expected:
         assert torch.equal(found[key], expected[key]), key

@@ -160,7 +160,7 @@ class PairPasses:
         if int((per_label[0] * per_label[1]).sum()) <= _LISTED_POSITIVES:  # before exclusions: at most that
             distances = positive_distances(self.qg, self.problem, self.label_comparison_fn)
             positives = torch.bincount(buckets.ids(distances), minlength=n_buckets)
-        return Sample(torch.from_numpy(hist), positives)
+        return Sample(torch.from_numpy(hist), positives, self.n_pairs)
 
     def _histogram(
         self,

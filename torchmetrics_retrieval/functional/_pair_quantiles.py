@@ -266,7 +266,10 @@ def _windows(
     sample = getattr(source, "sample", None)
     found = sample(buckets) if sample is not None else None
     likely = None if found is None else likely_buckets(found, fractions, request)
-    return None if likely is None else Windows.around(likely, buckets.low, buckets.scale)
+    if found is None or likely is None:
+        return None
+    # the pass keeps a row of counters per thread (at most torch's threads)
+    return Windows.around(likely, buckets.low, buckets.scale, found.n_pairs, torch.get_num_threads())
 
 
 class Statistics(NamedTuple):

@@ -16,6 +16,7 @@ only the time depends on the sample.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -31,8 +32,9 @@ __all__ = ["GROUPS", "Sample", "Windows", "from_keys", "likely_buckets", "ordere
 GROUPS = 8
 #: Width of the bounds, in standard errors: generous, as a miss costs a whole pass and a wide window little.
 Z = 6.0
-#: Most float32 values the windows count (an int64 per value, sign and thread: 16 MiB per thread).
-MAX_KEYS = 2**20
+#: Most bytes of the windows' counters, over every thread (a counter per value, sign and thread: int32 while
+#: the pairs are fewer than 2**31, else int64).
+MAX_BYTES = 2**27
 #: Most float32 values in one tracked bucket (a bucket spans hundreds unless it lies near 0).
 MAX_BUCKET_KEYS = 2**14
 #: ``Windows.delta`` of a bucket that is not tracked.
@@ -46,10 +48,11 @@ SHIFT = 4
 class Sample(NamedTuple):
     """What the buckets are foreseen from: the histograms of a sample of the pairs, ``(GROUPS, 2 n_buckets)``
     (negatives then positives, one row per group of rows), and the histogram of every positive pair's canonical
-    distance (None when there are too many to list)."""
+    distance (None when there are too many to list); and the number of ordered pairs of the pass."""
 
     groups: Tensor
     positives: Tensor | None
+    n_pairs: int
 
 
 def ordered_keys(values: np.ndarray) -> np.ndarray:
@@ -64,28 +67,35 @@ def from_keys(keys: np.ndarray) -> np.ndarray:
     return bits.astype(np.uint32).view(np.float32)
 
 
-class _Rates(NamedTuple):
-    """Bounds on FMR and FNMR at every bucket end (float64, ``(n_buckets,)``)."""
+class _Shares(NamedTuple):
+    """The share of a sign's pairs at or below every bucket end, pooled (``(n_buckets,)``) and per group (rows of
+    ``groups``: the sample's groups, or the one row of every listed pair), over ``n`` pairs (inf: listed)."""
 
-    fmr_low: Tensor
-    fmr_high: Tensor
-    fnmr_low: Tensor
-    fnmr_high: Tensor
+    pooled: Tensor
+    groups: Tensor
+    n: float
 
 
-def _bounds(cumulative: Tensor, z: float) -> tuple[Tensor, Tensor, Tensor] | None:
-    """The pooled share of pairs at or below every bucket end, and its bounds from the groups' spread
-    (``cumulative``: ``(GROUPS, n_buckets)`` cumulative counts); None when the sample is too small."""
+def _sampled(cumulative: Tensor) -> _Shares | None:
+    """The shares of the sample's groups (``cumulative``: ``(GROUPS, n_buckets)`` cumulative counts); None when
+    the sample is too small."""
     totals = cumulative[:, -1].to(torch.float64)
     n = float(totals.sum())
     if n < MIN_SAMPLE:
         return None
-    pooled = cumulative.sum(dim=0).to(torch.float64) / n
     present = totals > 0
-    shares = cumulative[present].to(torch.float64) / totals[present, None]
-    spread = shares.std(dim=0) / int(present.sum()) ** 0.5 if int(present.sum()) > 1 else torch.zeros_like(pooled)
-    error = torch.maximum(spread, (pooled * (1 - pooled) / n).sqrt()) * z + z / n
-    return pooled, (pooled - error).clamp(0, 1), (pooled + error).clamp(0, 1)
+    pooled = cumulative.sum(dim=0).to(torch.float64) / n
+    return _Shares(pooled, cumulative[present].to(torch.float64) / totals[present, None], n)
+
+
+def _error(shares: _Shares, groups: Tensor, pooled: Tensor, z: float) -> Tensor:
+    """``z`` standard errors of ``pooled``, a share (or a difference of shares) estimated by ``groups``: the
+    spread over the groups, at least the binomial one (zero for listed pairs)."""
+    if math.isinf(shares.n):
+        return torch.zeros_like(pooled)
+    spread = groups.std(dim=0) / groups.shape[0] ** 0.5 if groups.shape[0] > 1 else torch.zeros_like(pooled)
+    binomial = (pooled.abs() * (1 - pooled.abs()) / shares.n).sqrt()
+    return torch.maximum(spread, binomial) * z + z / shares.n
 
 
 def _shifted(values: Tensor, by: int, fill: float) -> Tensor:
@@ -98,20 +108,17 @@ def _shifted(values: Tensor, by: int, fill: float) -> Tensor:
     return out
 
 
-def _rates(sample: Sample, z: float) -> _Rates | None:
-    n_buckets = sample.groups.shape[1] // 2
-    negatives = _bounds(sample.groups[:, :n_buckets].cumsum(dim=1), z)
-    if sample.positives is None:
-        positives = _bounds(sample.groups[:, n_buckets:].cumsum(dim=1), z)
-    elif int(sample.positives.sum()) > 0:
-        share = sample.positives.cumsum(0).to(torch.float64) / int(sample.positives.sum())
-        positives = share, _shifted(share, SHIFT, 0.0), _shifted(share, -SHIFT, 1.0)
-    else:
-        positives = None
-    if negatives is None or positives is None:
-        return None
-    # FNMR = 1 - the share of positives at or below the end
-    return _Rates(negatives[1], negatives[2], 1 - positives[2], 1 - positives[1])
+def _before(values: Tensor, first: float) -> Tensor:
+    """``values`` at the previous bucket end (``first`` before the first bucket), along the last dimension."""
+    return torch.cat([values.new_full((*values.shape[:-1], 1), first), values[..., :-1]], dim=-1)
+
+
+def _bounds(shares: _Shares, z: float) -> tuple[Tensor, Tensor]:
+    """Low and high bounds of the share at every bucket end (a listed share may move by ``SHIFT`` buckets)."""
+    if math.isinf(shares.n):
+        return _shifted(shares.pooled, SHIFT, 0.0), _shifted(shares.pooled, -SHIFT, 1.0)
+    error = _error(shares, shares.groups, shares.pooled, z)
+    return (shares.pooled - error).clamp(0, 1), (shares.pooled + error).clamp(0, 1)
 
 
 def _hull(marked: Tensor) -> Tensor:
@@ -123,18 +130,47 @@ def _hull(marked: Tensor) -> Tensor:
     return hull
 
 
-def _before(values: Tensor, first: float) -> Tensor:
-    """``values`` at the previous bucket end (``first`` before the first bucket)."""
-    return torch.cat([values.new_full((1,), first), values[:-1]])
+def _cheaper(negatives: _Shares, positives: _Shares, miss: float, false_alarm: float, z: float) -> Tensor:
+    """The buckets whose DCF may drop below that of the pooled best bucket end (minDCF's buckets): DCF falls to
+    at least ``miss FNMR(b end) + false_alarm FMR(b - 1 end)`` inside bucket b. Bounded as differences with the
+    best end, whose errors are far smaller than those of the rates (the same pairs count in both)."""
+    fmr, fnmr = negatives.pooled, 1 - positives.pooled
+    costs = miss * fnmr + false_alarm * fmr
+    best = int(torch.argmin(costs))
+    if float(costs[best]) >= miss:  # rejecting every pair (t = -inf) may be best: bound every bucket
+        fmr_low, _ = _bounds(negatives, z)
+        _, share_high = _bounds(positives, z)
+        return miss * (1 - share_high) + false_alarm * _before(fmr_low, 0.0) < miss
+    # FMR: from the best end back to each bucket's start, per group
+    gap = _before(fmr, 0.0) - fmr[best]
+    gap_low = gap - _error(negatives, _before(negatives.groups, 0.0) - negatives.groups[:, best : best + 1], gap, z)
+    # FNMR: a listed share moves by SHIFT buckets; a sampled one is bounded like FMR
+    if math.isinf(positives.n):
+        fnmr_gap_low = (1 - _shifted(positives.pooled, -SHIFT, 1.0)) - (1 - positives.pooled[max(best - SHIFT, 0)])
+    else:
+        fnmr_gap = positives.pooled[best] - positives.pooled
+        groups_gap = positives.groups[:, best : best + 1] - positives.groups
+        fnmr_gap_low = fnmr_gap - _error(positives, groups_gap, fnmr_gap, z)
+    return miss * fnmr_gap_low + false_alarm * gap_low < 0
 
 
 def likely_buckets(sample: Sample, fractions: tuple[float, ...], request: RateRequest | None) -> Tensor | None:
     """Bool ``(n_buckets,)``: the buckets that may hold an answer; None when the sample is too small."""
-    bounds = _rates(sample, Z)
-    if bounds is None:
+    n_buckets = sample.groups.shape[1] // 2
+    negatives = _sampled(sample.groups[:, :n_buckets].cumsum(dim=1))
+    if sample.positives is None:
+        positives = _sampled(sample.groups[:, n_buckets:].cumsum(dim=1))
+    elif int(sample.positives.sum()) > 0:
+        listed = sample.positives.cumsum(0).to(torch.float64) / int(sample.positives.sum())
+        positives = _Shares(listed, listed[None], math.inf)
+    else:
+        positives = None
+    if negatives is None or positives is None:
         return None
-    fmr_low, fmr_high, fnmr_low, fnmr_high = bounds
-    likely = torch.zeros_like(fmr_low, dtype=torch.bool)
+    fmr_low, fmr_high = _bounds(negatives, Z)
+    share_low, share_high = _bounds(positives, Z)
+    fnmr_low, fnmr_high = 1 - share_high, 1 - share_low
+    likely = torch.zeros(n_buckets, dtype=torch.bool)
     for f in fractions:  # the quantile's bucket: FMR reaches f at its end, not before it
         likely |= _hull((_before(fmr_low, 0.0) <= f) & (fmr_high >= f))
     if request is None:
@@ -144,9 +180,7 @@ def likely_buckets(sample: Sample, fractions: tuple[float, ...], request: RateRe
     for p in request.p_targets:
         miss, false_alarm = request.costs[0] * p, request.costs[1] * (1 - p)
         scale = min(miss, false_alarm)
-        miss, false_alarm = miss / scale, false_alarm / scale
-        best = min(float((miss * fnmr_high + false_alarm * fmr_high).min()), miss)
-        likely |= _hull(miss * fnmr_low + false_alarm * _before(fmr_low, 0.0) < best)
+        likely |= _hull(_cheaper(negatives, positives, miss / scale, false_alarm / scale, Z))
     # the end buckets also hold every value beyond the bounds: no window can hold them
     likely[0] = likely[-1] = False
     return likely
@@ -159,15 +193,18 @@ class Windows:
     the first and last tracked bucket and :attr:`delta` the ``offset - 2 first key`` of each bucket between
     them (``UNTRACKED`` for the others)."""
 
-    def __init__(self, tracked: Tensor, table: np.ndarray, delta: np.ndarray, span: tuple[int, int]) -> None:
-        self.tracked, self.table, self.delta, self.span = tracked, table, delta, span
+    def __init__(
+        self, tracked: Tensor, table: np.ndarray, delta: np.ndarray, span: tuple[int, int], dtype: type
+    ) -> None:
+        self.tracked, self.table, self.delta, self.span, self.dtype = tracked, table, delta, span, dtype
         self.size = int(2 * (table[:, 1] - table[:, 0]).sum())
-        self.fine = np.zeros((1, 0), dtype=np.int64)
+        self.fine: np.ndarray = np.zeros((1, 0), dtype=dtype)
 
     @classmethod
-    def around(cls, tracked: Tensor, low: float, scale: float) -> Windows | None:
-        """The windows of the ``tracked`` buckets of ``floor((d - low) * scale)``; None beyond ``MAX_KEYS``. A
-        bucket of more than ``MAX_BUCKET_KEYS`` float32 values (near 0, where they crowd) is not tracked."""
+    def around(cls, tracked: Tensor, low: float, scale: float, n_pairs: int, parts: int) -> Windows | None:
+        """The windows of the ``tracked`` buckets of ``floor((d - low) * scale)`` for a pass over ``n_pairs``
+        ordered pairs with ``parts`` rows of counters; None beyond ``MAX_BYTES``. A bucket of more than
+        ``MAX_BUCKET_KEYS`` float32 values (near 0, where they crowd) is not tracked."""
         buckets = torch.nonzero(tracked).flatten().double().numpy()
         crowded = np.diff(ordered_keys((low + np.stack([buckets, buckets + 1]) / scale).astype(np.float32)), axis=0)
         tracked = tracked.clone()
@@ -192,18 +229,19 @@ class Windows:
             window_of_run.append(len(merged) - 1)
         table = np.array([[a, b, 0] for a, b in merged], dtype=np.int64)
         sizes = table[:, 1] - table[:, 0]
-        if int(sizes.sum()) > MAX_KEYS:
+        dtype = np.int32 if n_pairs < 2**31 else np.int64  # a counter never exceeds the pairs
+        if int(sizes.sum()) * 2 * np.dtype(dtype).itemsize * parts > MAX_BYTES:
             return None
         table[1:, 2] = np.cumsum(2 * sizes)[:-1]
         span = (int(starts[0]), int(ends[-1]) - 1)
         delta = np.full(span[1] - span[0] + 1, UNTRACKED, dtype=np.int64)
         for a, b, w in zip(starts.tolist(), ends.tolist(), window_of_run, strict=True):
             delta[a - span[0] : b - span[0]] = table[w, 2] - 2 * table[w, 0]
-        return cls(tracked, table, delta, span)
+        return cls(tracked, table, delta, span, dtype)
 
     def counters(self, parts: int) -> np.ndarray:
         """Zeroed counters for ``parts`` runs of rows (the histogram kernel's ``fine``), kept for :meth:`read`."""
-        self.fine = np.zeros((parts, self.size), dtype=np.int64)
+        self.fine = np.zeros((parts, self.size), dtype=self.dtype)
         return self.fine
 
     def read(
@@ -213,7 +251,7 @@ class Windows:
         they hold every ``needed`` bucket and match the histograms; else None (the second pass must run)."""
         if bool((needed & ~self.tracked).any()):
             return None
-        counts = self.fine.sum(axis=0)
+        counts = self.fine.sum(axis=0, dtype=np.int64)
         keys = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b, _ in self.table])
         values = torch.from_numpy(from_keys(keys))
         ids = bucket_of(values).long()
