@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from sklearn.metrics import roc_curve
+from sklearn.metrics import roc_auc_score, roc_curve
 
-from torchmetrics_retrieval.functional import _pair_quantiles, _pair_windows
+from torchmetrics_retrieval.functional import _pair_auc, _pair_passes, _pair_quantiles, _pair_windows
 from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional.verification import fnmr_at_fmr
 
@@ -200,3 +200,24 @@ def test_no_sample_when_the_tile_is_most_of_the_pairs(monkeypatch: pytest.Monkey
     spy = Spy(monkeypatch)
     fnmr_at_fmr(x, labels, chunk_size=64, **RATES)  # 500 rows: fewer than 8 tiles of 64
     assert (spy.second_passes, spy.windows_read) == (1, 0)
+
+
+def test_roc_auc_reads_the_positives_the_sample_listed(monkeypatch: pytest.MonkeyPatch) -> None:
+    x, labels = data()
+    alone = fnmr_at_fmr(x, labels, fmr_vals=(), roc_auc=True, chunk_size=64)
+    listed = []
+    positive_distances = _pair_auc.positive_distances
+
+    def counted(*args: Any) -> torch.Tensor:
+        listed.append(positive_distances(*args))
+        return listed[-1]
+
+    monkeypatch.setattr(_pair_passes, "positive_distances", counted)
+    monkeypatch.setattr(_pair_auc, "positive_distances", counted)
+    both = fnmr_at_fmr(x, labels, roc_auc=True, chunk_size=64, **RATES)
+    assert len(listed) == 1  # by the sample, read again by the ROC AUC pass
+    assert torch.equal(both["roc_auc"], alone["roc_auc"])
+    d = torch.cdist(x.double(), x.double())
+    off = ~torch.eye(x.shape[0], dtype=torch.bool)
+    positive = (labels[:, None] == labels[None, :])[off].numpy()
+    assert float(both["roc_auc"]) == pytest.approx(roc_auc_score(positive, -d[off].numpy()), abs=1e-6)

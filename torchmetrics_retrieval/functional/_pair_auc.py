@@ -116,13 +116,19 @@ def nan_without_pairs(n_positive: int, n_negative: int, device: torch.device, st
 
 
 def roc_auc_of_pairs(
-    qg: QueryGallery, distance: str, label_comparison_fn: LabelComparisonFn | None, chunk_size: int | None
+    qg: QueryGallery,
+    distance: str,
+    label_comparison_fn: LabelComparisonFn | None,
+    chunk_size: int | None,
+    positives: Tensor | None = None,
 ) -> Tensor:
-    """``roc_auc`` (float64, 0-dim) of a checked problem; NaN with a warning without positive or negative pairs."""
+    """``roc_auc`` (float64, 0-dim) of a checked problem; NaN with a warning without positive or negative pairs.
+    ``positives``: :func:`positive_distances` of the problem, when already listed."""
     device = qg.query.device
     problem = make_problem(qg.query, qg.gallery, distance, qg.exclusions(), qg.same_set)
     n_query, n_gallery = qg.query.shape[0], qg.gallery.shape[0]
-    positives = positive_distances(qg, problem, label_comparison_fn)
+    if positives is None:
+        positives = positive_distances(qg, problem, label_comparison_fn)
     n_positive = positives.numel()
     n_negative = int(qg.exclusions().count_eligible(n_query, n_gallery, device).sum()) - n_positive
     undefined = nan_without_pairs(n_positive, n_negative, device)

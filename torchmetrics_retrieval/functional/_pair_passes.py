@@ -71,6 +71,7 @@ class PairPasses:
         self.others = self.problem.exclusions._replace(self_index=None)  # the rules a block mask serves
         self.ids = None if label_comparison_fn is not None else _dense_label_ids(qg.query_labels, qg.gallery_labels)
         self.compiled = self.ids is not None and plan.use_compiled(device, n_query, qg.gallery.shape[0])
+        self.listed_positives: Tensor | None = None  # the positive pairs' distances, when the sample listed them
 
     def _key_blocks(self) -> Iterator[KeyBlock]:
         """The key blocks of every pair (rows and columns of the whole problem)."""
@@ -158,8 +159,8 @@ class PairPasses:
         per_label = [torch.bincount(ids, minlength=n_labels) for ids in self.ids]
         positives = None
         if int((per_label[0] * per_label[1]).sum()) <= _LISTED_POSITIVES:  # before exclusions: at most that
-            distances = positive_distances(self.qg, self.problem, self.label_comparison_fn)
-            positives = torch.bincount(buckets.ids(distances), minlength=n_buckets)
+            self.listed_positives = positive_distances(self.qg, self.problem, self.label_comparison_fn)
+            positives = torch.bincount(buckets.ids(self.listed_positives), minlength=n_buckets)
         return Sample(torch.from_numpy(hist), positives, self.n_pairs)
 
     def _histogram(

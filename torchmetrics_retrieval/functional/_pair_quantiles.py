@@ -12,7 +12,8 @@ The values are exact, and no pair is materialised: the source is streamed twice.
    above are counted whole).
 
 Memory is one block plus the histograms plus the collected distinct values, which the float resolution
-keeps small.
+keeps small. When a sample of the pairs foresees the buckets of step 2, the first pass also counts their
+distinct distances (``_pair_windows``), and the second pass runs only if the foresight missed.
 """
 
 from __future__ import annotations
@@ -290,11 +291,12 @@ def statistics(
     totals: PassTotals | None = None,
 ) -> Statistics:
     """The curve at ``fractions`` and the rates of ``request`` (EER, minDCF; see ``_pair_rates``), exact, from
-    two passes over ``source`` shared by all of them (``totals``: the source holds a part of the pairs, and
-    each pass's result becomes that of every pair through it)."""
+    two passes over ``source`` shared by all of them, or one when the windows foresee the second's buckets
+    (``totals``: the source holds a part of the pairs, and each pass's result becomes that of every pair
+    through it; the windows are left out then, as their sample is one process's)."""
     total = getattr(source, "n_pairs", None)
     windows = None if totals is not None else _windows(source, buckets, fractions, request)
-    with section("pairs, pass 1 of 2", total):
+    with section("pairs, histograms", total):
         negative_hist, positive_hist = _histograms(source, buckets, windows)
     if totals is not None:
         negative_hist, positive_hist = totals.histograms(negative_hist, positive_hist)
@@ -323,7 +325,7 @@ def statistics(
     if early is not None:  # every wanted bucket was counted by value in pass 1
         negatives, positives = early
     else:
-        with section("pairs, pass 2 of 2", total):
+        with section("pairs, exact values", total):
             negatives, positives = _collect(source, buckets, negative_wanted, positive_wanted)
     if totals is not None:
         negatives, positives = totals.collected(negatives, positives)

@@ -157,15 +157,19 @@ def pair_metrics(
     roc_auc: bool = False,
 ) -> dict[str, Tensor]:
     """``fnmr@fmr/{f}``, ``tar@far/{f}``, ``eer`` and ``min_dcf/{p}`` (float32, 0-dim) of a checked problem, from
-    the same two passes over every pair; ``roc_auc`` from its own pass (``_pair_auc``)."""
+    the same passes over every pair; ``roc_auc`` from its own pass (``_pair_auc``), with the positive pairs'
+    distances the first passes listed, if they did."""
     out: dict[str, Tensor] = {}
+    listed = None
     if fmr_vals or request.eer or request.p_targets:
-        found = _pair_statistics(qg, fmr_vals, request, distance, label_comparison_fn, chunk_size)
+        source = PairPasses(qg, distance, label_comparison_fn, chunk_size)
+        found = _pair_statistics(qg, fmr_vals, request, distance, label_comparison_fn, chunk_size, source)
         out.update(statistics_keys(found, fmr_vals))
+        listed = source.listed_positives
     if roc_auc:
         from torchmetrics_retrieval.functional._pair_auc import roc_auc_of_pairs
 
-        out["roc_auc"] = roc_auc_of_pairs(qg, distance, label_comparison_fn, chunk_size).to(torch.float32)
+        out["roc_auc"] = roc_auc_of_pairs(qg, distance, label_comparison_fn, chunk_size, listed).to(torch.float32)
     return out
 
 
@@ -185,9 +189,12 @@ def _pair_statistics(
     distance: str,
     label_comparison_fn: LabelComparisonFn | None,
     chunk_size: int | None,
+    source: PairPasses | None = None,
 ) -> Statistics:
+    """The statistics of every pair of ``qg``, read by ``source`` (default: a new ``PairPasses``)."""
     buckets = PairBuckets.spanning(*_distance_bounds(qg.query, qg.gallery, distance))
-    source = PairPasses(qg, distance, label_comparison_fn, chunk_size)
+    if source is None:
+        source = PairPasses(qg, distance, label_comparison_fn, chunk_size)
     return statistics(source, buckets, fmr_vals, request, qg.query.device)
 
 
