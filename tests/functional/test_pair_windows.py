@@ -63,6 +63,18 @@ def two_passes(monkeypatch: pytest.MonkeyPatch, call: Any) -> dict[str, torch.Te
         return call()
 
 
+def check(monkeypatch: pytest.MonkeyPatch, call: Any, passes: tuple[int, int] = (0, 1)) -> dict[str, torch.Tensor]:
+    """``call()`` gives the values of two passes, with ``passes`` = (second passes, windows read); returned."""
+    expected = two_passes(monkeypatch, call)
+    spy = Spy(monkeypatch)
+    found = call()
+    assert (spy.second_passes, spy.windows_read) == passes
+    assert found.keys() == expected.keys()
+    for key in expected:
+        assert torch.equal(found[key], expected[key]), key
+    return found
+
+
 def test_keys_keep_the_order_of_the_floats() -> None:
     g = torch.Generator().manual_seed(0)
     special = [0.0, -0.0, 1e-45, -1e-45, 1.0, -1.0, np.inf, -np.inf, 3.4e38, -3.4e38]
@@ -82,31 +94,15 @@ def test_one_pass_gives_the_values_of_two(monkeypatch: pytest.MonkeyPatch, dista
     x, labels = data()
     seq = torch.randint(0, 900, (x.shape[0],), generator=torch.Generator().manual_seed(1))
 
-    def call() -> dict[str, torch.Tensor]:  # small tiles: the sample is 64 rows of 2000
-        return fnmr_at_fmr(x, labels, sequence_ids=seq, distance=distance, chunk_size=64, **RATES)
-
-    expected = two_passes(monkeypatch, call)
-    spy = Spy(monkeypatch)
-    found = call()
-    assert (spy.second_passes, spy.windows_read) == (0, 1)
-    assert found.keys() == expected.keys()
-    for key in expected:
-        assert torch.equal(found[key], expected[key]), key
+    # small tiles: the sample is 64 rows of 2000
+    check(monkeypatch, lambda: fnmr_at_fmr(x, labels, sequence_ids=seq, distance=distance, chunk_size=64, **RATES))
 
 
 def test_separate_gallery(monkeypatch: pytest.MonkeyPatch) -> None:
     x, labels = data(n=3000)
     is_query = torch.arange(3000) % 3 == 0
 
-    def call() -> dict[str, torch.Tensor]:
-        return fnmr_at_fmr(x, labels, is_query=is_query, is_gallery=~is_query, chunk_size=64, **RATES)
-
-    expected = two_passes(monkeypatch, call)
-    spy = Spy(monkeypatch)
-    found = call()
-    assert (spy.second_passes, spy.windows_read) == (0, 1)
-    for key in expected:
-        assert torch.equal(found[key], expected[key]), key
+    check(monkeypatch, lambda: fnmr_at_fmr(x, labels, is_query=is_query, is_gallery=~is_query, chunk_size=64, **RATES))
 
 
 def test_against_scikit_learn_and_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -133,22 +129,23 @@ def test_against_scikit_learn_and_numpy(monkeypatch: pytest.MonkeyPatch) -> None
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_the_same_on_any_number_of_threads(monkeypatch: pytest.MonkeyPatch, threads: int) -> None:
     x, labels = data()
-    expected = two_passes(monkeypatch, lambda: fnmr_at_fmr(x, labels, chunk_size=64, **RATES))
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    spy = Spy(monkeypatch)
-    try:
-        found = fnmr_at_fmr(x, labels, chunk_size=64, **RATES)
-    finally:
-        torch.set_num_threads(before)
-    assert (spy.second_passes, spy.windows_read) == (0, 1)
+    expected = two_passes(monkeypatch, lambda: fnmr_at_fmr(x, labels, chunk_size=64, **RATES))  # default threads
+
+    def on_threads() -> dict[str, torch.Tensor]:
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return fnmr_at_fmr(x, labels, chunk_size=64, **RATES)
+        finally:
+            torch.set_num_threads(before)
+
+    found = check(monkeypatch, on_threads)
     for key in expected:
         assert torch.equal(found[key], expected[key]), key
 
 
 def test_a_wrong_foresight_leaves_the_work_to_the_second_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     x, labels = data()
-    expected = two_passes(monkeypatch, lambda: fnmr_at_fmr(x, labels, chunk_size=64, **RATES))
 
     def far_away(sample: _pair_windows.Sample, *args: Any) -> torch.Tensor:
         likely = torch.zeros(sample.groups.shape[1] // 2, dtype=torch.bool)
@@ -156,18 +153,13 @@ def test_a_wrong_foresight_leaves_the_work_to_the_second_pass(monkeypatch: pytes
         return likely
 
     monkeypatch.setattr(_pair_quantiles, "likely_buckets", far_away)
-    spy = Spy(monkeypatch)
-    found = fnmr_at_fmr(x, labels, chunk_size=64, **RATES)
-    assert (spy.second_passes, spy.windows_read) == (1, 0)
-    for key in expected:
-        assert torch.equal(found[key], expected[key]), key
+    check(monkeypatch, lambda: fnmr_at_fmr(x, labels, chunk_size=64, **RATES), passes=(1, 0))
 
 
 def test_counts_that_miss_a_pair_are_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
     """A value the windows did not hold (beyond its window) leaves its bucket short of the histogram's count:
     the windows are not read, the second pass runs."""
     x, labels = data()
-    expected = two_passes(monkeypatch, lambda: fnmr_at_fmr(x, labels, chunk_size=64, **RATES))
     read = _pair_windows.Windows.read
 
     def short(windows: _pair_windows.Windows, *args: Any) -> Any:
@@ -175,11 +167,7 @@ def test_counts_that_miss_a_pair_are_not_used(monkeypatch: pytest.MonkeyPatch) -
         return read(windows, *args)
 
     monkeypatch.setattr(_pair_windows.Windows, "read", short)
-    spy = Spy(monkeypatch)
-    found = fnmr_at_fmr(x, labels, chunk_size=64, **RATES)
-    assert (spy.second_passes, spy.windows_read) == (1, 0)
-    for key in expected:
-        assert torch.equal(found[key], expected[key]), key
+    check(monkeypatch, lambda: fnmr_at_fmr(x, labels, chunk_size=64, **RATES), passes=(1, 0))
 
 
 def test_values_crowded_near_zero_are_left_to_the_second_pass(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -187,12 +175,7 @@ def test_values_crowded_near_zero_are_left_to_the_second_pass(monkeypatch: pytes
     count each: that bucket is not tracked, and the second pass reads it."""
     x, labels = data()
     rates = {**RATES, "fmr_vals": (0.5,)}
-    expected = two_passes(monkeypatch, lambda: fnmr_at_fmr(x, labels, distance="dot", chunk_size=64, **rates))
-    spy = Spy(monkeypatch)
-    found = fnmr_at_fmr(x, labels, distance="dot", chunk_size=64, **rates)
-    assert (spy.second_passes, spy.windows_read) == (1, 0)
-    for key in expected:
-        assert torch.equal(found[key], expected[key]), key
+    check(monkeypatch, lambda: fnmr_at_fmr(x, labels, distance="dot", chunk_size=64, **rates), passes=(1, 0))
 
 
 def test_no_sample_when_the_tile_is_most_of_the_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
