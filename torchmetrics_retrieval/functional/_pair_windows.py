@@ -56,7 +56,16 @@ class Sample(NamedTuple):
 
 
 def ordered_keys(values: np.ndarray) -> np.ndarray:
-    """int64 keys of float32 values, in the same order as the values (the kernels' ``_ordered_key``)."""
+    """int64 keys of float32 values, in the same order as the values (the kernels' ``_ordered_key``): the bits
+    of a non-negative float, the negated magnitude bits less one of a negative one (so -0.0 comes just before
+    +0.0; the kernels turn -0.0 into +0.0 first).
+
+    Example:
+        >>> ordered_keys(np.array([-1.0, -0.0, 0.0, 1e-45, 1.0], dtype=np.float32)).tolist()
+        [-1065353217, -1, 0, 1, 1065353216]
+        >>> from_keys(np.array([-1065353217, 1065353216])).tolist()
+        [-1.0, 1.0]
+    """
     bits = np.ascontiguousarray(values, dtype=np.float32).view(np.int32).astype(np.int64)
     return np.where(bits >= 0, bits, -(bits & 0x7FFFFFFF) - 1)
 
