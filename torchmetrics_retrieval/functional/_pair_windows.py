@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._pair_rates import Counted, RateRequest
+from torchmetrics_retrieval.functional._pair_rates import Counted, RateRequest, _weights
 
 __all__ = ["GROUPS", "Sample", "Windows", "from_keys", "likely_buckets", "ordered_keys"]
 
@@ -97,14 +97,14 @@ def _sampled(cumulative: Tensor) -> _Shares | None:
     return _Shares(pooled, cumulative[present].to(torch.float64) / totals[present, None], n)
 
 
-def _error(shares: _Shares, groups: Tensor, pooled: Tensor, z: float) -> Tensor:
-    """``z`` standard errors of ``pooled``, a share (or a difference of shares) estimated by ``groups``: the
+def _error(shares: _Shares, groups: Tensor, pooled: Tensor) -> Tensor:
+    """``Z`` standard errors of ``pooled``, a share (or a difference of shares) estimated by ``groups``: the
     spread over the groups, at least the binomial one (zero for listed pairs)."""
     if math.isinf(shares.n):
         return torch.zeros_like(pooled)
     spread = groups.std(dim=0) / groups.shape[0] ** 0.5 if groups.shape[0] > 1 else torch.zeros_like(pooled)
     binomial = (pooled.abs() * (1 - pooled.abs()) / shares.n).sqrt()
-    return torch.maximum(spread, binomial) * z + z / shares.n
+    return torch.maximum(spread, binomial) * Z + Z / shares.n
 
 
 def _shifted(values: Tensor, by: int, fill: float) -> Tensor:
@@ -122,11 +122,11 @@ def _before(values: Tensor, first: float) -> Tensor:
     return torch.cat([values.new_full((*values.shape[:-1], 1), first), values[..., :-1]], dim=-1)
 
 
-def _bounds(shares: _Shares, z: float) -> tuple[Tensor, Tensor]:
+def _bounds(shares: _Shares) -> tuple[Tensor, Tensor]:
     """Low and high bounds of the share at every bucket end (a listed share may move by ``SHIFT`` buckets)."""
     if math.isinf(shares.n):
         return _shifted(shares.pooled, SHIFT, 0.0), _shifted(shares.pooled, -SHIFT, 1.0)
-    error = _error(shares, shares.groups, shares.pooled, z)
+    error = _error(shares, shares.groups, shares.pooled)
     return (shares.pooled - error).clamp(0, 1), (shares.pooled + error).clamp(0, 1)
 
 
@@ -139,7 +139,7 @@ def _hull(marked: Tensor) -> Tensor:
     return hull
 
 
-def _cheaper(negatives: _Shares, positives: _Shares, miss: float, false_alarm: float, z: float) -> Tensor:
+def _cheaper(negatives: _Shares, positives: _Shares, miss: float, false_alarm: float) -> Tensor:
     """The buckets whose DCF may drop below that of the pooled best bucket end (minDCF's buckets): DCF falls to
     at least ``miss FNMR(b end) + false_alarm FMR(b - 1 end)`` inside bucket b. Bounded as differences with the
     best end, whose errors are far smaller than those of the rates (the same pairs count in both)."""
@@ -147,19 +147,19 @@ def _cheaper(negatives: _Shares, positives: _Shares, miss: float, false_alarm: f
     costs = miss * fnmr + false_alarm * fmr
     best = int(torch.argmin(costs))
     if float(costs[best]) >= miss:  # rejecting every pair (t = -inf) may be best: bound every bucket
-        fmr_low, _ = _bounds(negatives, z)
-        _, share_high = _bounds(positives, z)
+        fmr_low, _ = _bounds(negatives)
+        _, share_high = _bounds(positives)
         return miss * (1 - share_high) + false_alarm * _before(fmr_low, 0.0) < miss
     # FMR: from the best end back to each bucket's start, per group
     gap = _before(fmr, 0.0) - fmr[best]
-    gap_low = gap - _error(negatives, _before(negatives.groups, 0.0) - negatives.groups[:, best : best + 1], gap, z)
+    gap_low = gap - _error(negatives, _before(negatives.groups, 0.0) - negatives.groups[:, best : best + 1], gap)
     # FNMR: a listed share moves by SHIFT buckets; a sampled one is bounded like FMR
     if math.isinf(positives.n):
         fnmr_gap_low = (1 - _shifted(positives.pooled, -SHIFT, 1.0)) - (1 - positives.pooled[max(best - SHIFT, 0)])
     else:
         fnmr_gap = positives.pooled[best] - positives.pooled
         groups_gap = positives.groups[:, best : best + 1] - positives.groups
-        fnmr_gap_low = fnmr_gap - _error(positives, groups_gap, fnmr_gap, z)
+        fnmr_gap_low = fnmr_gap - _error(positives, groups_gap, fnmr_gap)
     return miss * fnmr_gap_low + false_alarm * gap_low < 0
 
 
@@ -176,8 +176,8 @@ def likely_buckets(sample: Sample, fractions: tuple[float, ...], request: RateRe
         positives = None
     if negatives is None or positives is None:
         return None
-    fmr_low, fmr_high = _bounds(negatives, Z)
-    share_low, share_high = _bounds(positives, Z)
+    fmr_low, fmr_high = _bounds(negatives)
+    share_low, share_high = _bounds(positives)
     fnmr_low, fnmr_high = 1 - share_high, 1 - share_low
     likely = torch.zeros(n_buckets, dtype=torch.bool)
     for f in fractions:  # the quantile's bucket: FMR reaches f at its end, not before it
@@ -186,10 +186,9 @@ def likely_buckets(sample: Sample, fractions: tuple[float, ...], request: RateRe
         request = RateRequest(False, (), (1.0, 1.0))
     if request.eer:  # the first bucket where FMR - FNMR turns non-negative
         likely |= _hull((fmr_high - fnmr_low >= 0) & (_before(fmr_low - fnmr_high, -1.0) < 0))
-    for p in request.p_targets:
-        miss, false_alarm = request.costs[0] * p, request.costs[1] * (1 - p)
-        scale = min(miss, false_alarm)
-        likely |= _hull(_cheaper(negatives, positives, miss / scale, false_alarm / scale, Z))
+    if request.p_targets:
+        for miss, false_alarm in zip(*(w.tolist() for w in _weights(request, torch.device("cpu"))), strict=True):
+            likely |= _hull(_cheaper(negatives, positives, miss, false_alarm))
     # the end buckets also hold every value beyond the bounds: no window can hold them
     likely[0] = likely[-1] = False
     return likely
@@ -228,15 +227,10 @@ class Windows:
         # float32 step: two steps on each side hold them all (the counts are checked against the histogram)
         first = ordered_keys((low + starts / scale).astype(np.float32)) - 2
         end = ordered_keys((low + ends / scale).astype(np.float32)) + 3
-        merged: list[list[int]] = []
-        window_of_run = []
-        for a, b in zip(first.tolist(), end.tolist(), strict=True):
-            if merged and a <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], b)
-            else:
-                merged.append([a, b])
-            window_of_run.append(len(merged) - 1)
-        table = np.array([[a, b, 0] for a, b in merged], dtype=np.int64)
+        # runs whose key ranges overlap share a window (the runs come in order)
+        opens = np.concatenate([[True], first[1:] > np.maximum.accumulate(end)[:-1]])
+        window_of_run = np.cumsum(opens) - 1
+        table = np.stack([first[opens], np.maximum.reduceat(end, np.flatnonzero(opens)), np.zeros_like(end[opens])], 1)
         sizes = table[:, 1] - table[:, 0]
         dtype = np.int32 if n_pairs < 2**31 else np.int64  # a counter never exceeds the pairs
         if int(sizes.sum()) * 2 * np.dtype(dtype).itemsize * parts > MAX_BYTES:
@@ -244,8 +238,8 @@ class Windows:
         table[1:, 2] = np.cumsum(2 * sizes)[:-1]
         span = (int(starts[0]), int(ends[-1]) - 1)
         delta = np.full(span[1] - span[0] + 1, UNTRACKED, dtype=np.int64)
-        for a, b, w in zip(starts.tolist(), ends.tolist(), window_of_run, strict=True):
-            delta[a - span[0] : b - span[0]] = table[w, 2] - 2 * table[w, 0]
+        per_run = (table[:, 2] - 2 * table[:, 0])[window_of_run]
+        delta[torch.nonzero(tracked).flatten().numpy() - span[0]] = np.repeat(per_run, ends - starts)
         return cls(tracked, table, delta, span, dtype)
 
     def counters(self, parts: int) -> np.ndarray:
