@@ -7,9 +7,13 @@
   about as many items), full MAP and mINP included.
 
 Data: seeded clustered embeddings (``_common.py``), D = 128, 20 samples per class; every figure from one run.
+With ``--rounds R`` the whole sequence (faiss, then our calls) runs R times in turn, each ratio taken within its
+round, and the median ratio per thread count is printed at the end: on a shared machine faiss alone moves by 2x
+between runs minutes apart, so a ratio of two timings taken far apart means little.
 Usage::
 
     python benchmarks/bench_reid_verification.py                 # N = 20000
+    python benchmarks/bench_reid_verification.py --rates-only --rounds 5
     python benchmarks/bench_reid_verification.py --n 100000 --threads 2 --rates-only
 """
 
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -46,6 +51,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=20_000)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, os.cpu_count() or 1])
     parser.add_argument("--rates-only", action="store_true", help="skip the camera_ids rows")
+    parser.add_argument("--rounds", type=int, default=1, help="times the whole sequence runs, in turn")
     args = parser.parse_args()
     x, labels = clustered_embeddings(args.n, "per_class20")
     g = torch.Generator().manual_seed(1)
@@ -56,7 +62,8 @@ def main() -> None:
     fnmr_at_fmr(x[:2000], labels[:2000], eer=True, roc_auc=True)  # warm-up: every compiled kernel loaded
     retrieval_metrics(x[:3000], labels[:3000], sequence_ids=sequences[:3000], **OPTIONS)
     retrieval_metrics(x[:3000], labels[:3000], camera_ids=cameras[:3000], **OPTIONS)
-    for threads in args.threads:
+    ratios: dict[tuple[int, str], list[float]] = {}
+    for threads in [t for _ in range(args.rounds) for t in args.threads]:
         torch.set_num_threads(threads)
         faiss.omp_set_num_threads(threads)
 
@@ -72,6 +79,8 @@ def main() -> None:
         auc_s, auc_mib = timed(
             lambda: fnmr_at_fmr(x, labels, fmr_vals=(), eer=True, min_dcf_p_target=(0.01, 0.05), roc_auc=True)
         )
+        ratios.setdefault((threads, "eer + min_dcf + fnmr@fmr, x faiss"), []).append(rates_s / faiss_s)
+        ratios.setdefault((threads, "eer + min_dcf + roc_auc, x faiss"), []).append(auc_s / faiss_s)
         print(f"{threads} thread(s): faiss K=21 {faiss_s:.2f} s")
         print(f"  eer + min_dcf (2 targets) + fnmr@fmr (3): {rates_s:.2f} s = {rates_s / faiss_s:.2f}x faiss, "
               f"peak {rates_mib:.0f} MiB above the data")  # fmt: skip
@@ -81,8 +90,13 @@ def main() -> None:
             continue
         seq_s, _ = timed(lambda: retrieval_metrics(x, labels, sequence_ids=sequences, **OPTIONS))
         cam_s, _ = timed(lambda: retrieval_metrics(x, labels, camera_ids=cameras, **OPTIONS))
+        ratios.setdefault((threads, "camera_ids / sequence_ids"), []).append(cam_s / seq_s)
         print(f"  retrieval_metrics with map, minp, map@r: sequence_ids {seq_s:.2f} s, camera_ids {cam_s:.2f} s: "
               f"camera_ids costs {100 * (cam_s / seq_s - 1):+.1f}%")  # fmt: skip
+    if args.rounds > 1:
+        for (threads, what), values in ratios.items():
+            shown = ", ".join(f"{v:.2f}" for v in values)
+            print(f"{threads} thread(s), {what}: median {statistics.median(values):.2f} ({shown})")
 
 
 if __name__ == "__main__":
