@@ -5,7 +5,9 @@ worker builds the data, resets the peak-RSS counter, runs the method twice and r
 the peak RSS above the RSS it had once the data existed. The orchestrator prints one table per
 (N, label regime, thread count) with the ratio of every method to the bare faiss kNN and our speed-up over
 the anchors, then how much faster each method ran with all cores than with one (``--threads``, default: one
-thread and every core, the same data).
+thread and every core, the same data). With ``--rounds R`` all of that runs R times in turn for each (N, regime),
+then the median over the rounds of every ratio (each taken within its round) and of every speed-up: faiss alone
+moves by up to 2x between runs minutes apart on a shared machine.
 
 Methods (K = max(5, max n(q)): what our call needs for cmc@5/precision@5/map@5, map@r and r-precision):
 
@@ -24,6 +26,7 @@ Usage::
     python benchmarks/bench_retrieval.py                      # smoke run, N = 10k, both regimes
     python benchmarks/bench_retrieval.py --sizes 10000 30000 100000 --regimes per_class20 classes100 \\
         --oml-python /tmp/omlvenv/bin/python
+    python benchmarks/bench_retrieval.py --sizes 20000 --methods faiss ours ours_map_full --rounds 3
     python benchmarks/bench_retrieval.py --profile --sizes 100000 --regimes classes100   # where our time goes
 """
 
@@ -36,6 +39,7 @@ import json
 import os
 import pstats
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -304,6 +308,33 @@ def format_scaling(tables: dict[int, dict[str, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def format_medians(rounds: list[dict[int, dict[str, dict[str, Any]]]]) -> str:
+    """Median over the rounds of each method's ratio to faiss (taken within its round) and of its speed-up from
+    the fewest threads to the most."""
+    lines = ["| method | threads | x bare faiss, median (each round) |", "| --- | ---: | --- |"]
+    speedups: dict[str, list[float]] = {}
+    for threads in rounds[0]:
+        for method in rounds[0][threads]:
+            ratios = []
+            for tables in rounds:
+                row, faiss_row = tables[threads].get(method, {}), tables[threads].get("faiss", {})
+                if row.get("status") == "ok" and faiss_row.get("status") == "ok":
+                    ratios.append(row["seconds"] / faiss_row["seconds"])
+            if ratios:
+                shown = ", ".join(f"{r:.2f}" for r in ratios)
+                lines.append(f"| {method} | {threads} | {statistics.median(ratios):.2f} ({shown}) |")
+    fewest, most = min(rounds[0]), max(rounds[0])
+    for tables in rounds if fewest != most else []:
+        for method, row in tables[fewest].items():
+            other = tables[most].get(method, {})
+            if row.get("status") == "ok" and other.get("status") == "ok":
+                speedups.setdefault(method, []).append(row["seconds"] / other["seconds"])
+    for method, values in speedups.items():
+        shown = ", ".join(f"{v:.2f}" for v in values)
+        lines.append(f"| {method} | {fewest} -> {most} speed-up | {statistics.median(values):.2f}x ({shown}) |")
+    return "\n".join(lines)
+
+
 def run_all(args: argparse.Namespace) -> None:
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     counts = args.threads or [1, os.cpu_count() or 1]
@@ -311,21 +342,31 @@ def run_all(args: argparse.Namespace) -> None:
     print(f"{when}, {os.cpu_count()} CPUs, threads {counts}, load average {load}", flush=True)
     for n in args.sizes:
         for regime in args.regimes:
-            tables: dict[int, dict[str, dict[str, Any]]] = {}
-            for threads in dict.fromkeys(counts):
-                rows = tables.setdefault(threads, {})
-                for method in args.methods:
-                    reason = _skip_reason(method, n, args)
-                    if reason is not None:
-                        rows[method] = {"method": method, "status": reason}
-                        continue
-                    python = args.oml_python if method == "oml" else sys.executable
-                    rows[method] = _run_worker(python, method, n, regime, threads, args)
-                    done = rows[method].get("seconds", rows[method]["status"])
-                    print(f"  ... {n} {regime} {threads} threads {method}: {done}", flush=True)
-                print(f"\n{threads} thread(s): " + format_table(n, regime, rows) + "\n", flush=True)
-            if len(tables) > 1:
-                print(format_scaling(tables) + "\n", flush=True)
+            rounds = [_one_round(n, regime, counts, args) for _ in range(args.rounds)]
+            if args.rounds > 1:
+                print(f"N = {n}, {regime}, {args.rounds} rounds:\n" + format_medians(rounds) + "\n", flush=True)
+
+
+def _one_round(
+    n: int, regime: str, counts: list[int], args: argparse.Namespace
+) -> dict[int, dict[str, dict[str, Any]]]:
+    """Every method at every thread count once, in turn; the tables printed and returned."""
+    tables: dict[int, dict[str, dict[str, Any]]] = {}
+    for threads in dict.fromkeys(counts):
+        rows = tables.setdefault(threads, {})
+        for method in args.methods:
+            reason = _skip_reason(method, n, args)
+            if reason is not None:
+                rows[method] = {"method": method, "status": reason}
+                continue
+            python = args.oml_python if method == "oml" else sys.executable
+            rows[method] = _run_worker(python, method, n, regime, threads, args)
+            done = rows[method].get("seconds", rows[method]["status"])
+            print(f"  ... {n} {regime} {threads} threads {method}: {done}", flush=True)
+        print(f"\n{threads} thread(s): " + format_table(n, regime, rows) + "\n", flush=True)
+    if len(tables) > 1:
+        print(format_scaling(tables) + "\n", flush=True)
+    return tables
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -335,6 +376,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=2, help="passes per method; the best one is reported")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="times every (N, regime) runs all its methods, in turn; medians after"
+    )
     parser.add_argument(
         "--threads", type=int, nargs="+", default=None, help="CPU thread counts of torch and faiss (default: 1 and all)"
     )

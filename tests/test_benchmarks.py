@@ -66,3 +66,19 @@ def test_command_line_runs_workers_in_subprocesses(bench: ModuleType, capsys: py
     assert "N = 1000, per_class20, K = 19" in out
     assert "| oml | not installed (give --oml-python) |" in out
     assert "| ours |" in out and "failed" not in out
+
+
+def test_medians_take_each_ratio_within_its_round(bench: ModuleType) -> None:
+    def rounds_of(faiss: float, ours: float, faiss2: float, ours2: float) -> dict[int, dict[str, dict[str, object]]]:
+        return {
+            1: {"faiss": {"status": "ok", "seconds": faiss}, "ours": {"status": "ok", "seconds": ours}},
+            2: {"faiss": {"status": "ok", "seconds": faiss2}, "ours": {"status": "ok", "seconds": ours2}},
+        }
+
+    # ours / faiss at 1 thread: 0.5, 1.0, 0.6 -> median 0.6; at 2 threads: 0.5, 0.5, 2.0 -> 0.5
+    # ours from 1 to 2 threads: 1 / 0.5 = 2.0, 4 / 1 = 4.0, 3 / 3 = 1.0 -> median 2.0
+    table = bench.format_medians([rounds_of(2, 1, 1, 0.5), rounds_of(4, 4, 2, 1), rounds_of(5, 3, 1.5, 3)])
+    assert "| ours | 1 | 0.60 (0.50, 1.00, 0.60) |" in table
+    assert "| ours | 2 | 0.50 (0.50, 0.50, 2.00) |" in table
+    assert "| ours | 1 -> 2 speed-up | 2.00x (2.00, 4.00, 1.00) |" in table
+    assert "| faiss | 1 | 1.00 (1.00, 1.00, 1.00) |" in table
