@@ -50,7 +50,7 @@ def main() -> None:
 
     logging.getLogger("PML").setLevel(logging.WARNING)
     x, labels = clustered(args.n, args.dim, args.per_class)
-    options = {"exclude": ("NMI", "AMI"), "k": "max_bin_count", "device": torch.device("cpu")}
+    options: dict[str, Any] = {"exclude": ("NMI", "AMI"), "k": "max_bin_count", "device": torch.device("cpu")}
     ours = AccuracyCalculator(**options)
     theirs = PMLCalculator(**options)
     call = (x, labels, x, labels)

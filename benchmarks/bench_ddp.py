@@ -17,7 +17,7 @@ import socket
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -35,7 +35,7 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rank(rank: int, world: int, port: int, n: int, mode: str, out: str) -> None:
+def _rank(rank: int, world: int, port: int, n: int, mode: Literal["shard", "gather"], out: str) -> None:
     torch.set_num_threads(1)
     x, labels = clustered_embeddings(n, "per_class20")
     if world > 1:
@@ -62,7 +62,7 @@ def _rank(rank: int, world: int, port: int, n: int, mode: str, out: str) -> None
         dist.destroy_process_group()
 
 
-def run(n: int, world: int, mode: str) -> tuple[list[float], float, dict[str, torch.Tensor]]:
+def run(n: int, world: int, mode: Literal["shard", "gather"]) -> tuple[list[float], float, dict[str, torch.Tensor]]:
     """(slowest rank's seconds of the first and second call, largest rank's peak MiB above its RSS before the
     first call, values of rank 0)."""
     with tempfile.TemporaryDirectory() as out:
