@@ -186,9 +186,9 @@ def likely_buckets(sample: Sample, fractions: tuple[float, ...], request: RateRe
         request = RateRequest(False, (), (1.0, 1.0))
     if request.eer:  # the first bucket where FMR - FNMR turns non-negative
         likely |= _hull((fmr_high - fnmr_low >= 0) & (_before(fmr_low - fnmr_high, -1.0) < 0))
-    if request.p_targets:
-        for miss, false_alarm in zip(*(w.tolist() for w in _weights(request, torch.device("cpu"))), strict=True):
-            likely |= _hull(_cheaper(negatives, positives, miss, false_alarm))
+    misses, false_alarms = _weights(request, torch.device("cpu"))  # one pair of weights per minDCF target
+    for miss, false_alarm in zip(misses.tolist(), false_alarms.tolist(), strict=True):
+        likely |= _hull(_cheaper(negatives, positives, miss, false_alarm))
     # the end buckets also hold every value beyond the bounds: no window can hold them
     likely[0] = likely[-1] = False
     return likely
