@@ -84,14 +84,21 @@ def problems(draw: st.DrawFn, max_n: int = 12) -> Problem:
     )
 
 
-def run(call: Callable[[], Any], backend: str, search_groups: Tensor | None, refs: list[reference.QueryRanking]) -> Any:
+def run(
+    call: Callable[[], Any],
+    backend: str,
+    search_groups: Tensor | None,
+    refs: list[reference.QueryRanking],
+    searches: bool = True,
+) -> Any:
     """``call()``; faiss must warn that it falls back to torch exactly when search groups are given and there is
-    something to search (no search runs when no query has an eligible item)."""
+    something to search (no search runs when no query has an eligible item, nor without ``searches``: full
+    ``map`` without a per-query table reads every value off the full ranks)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = call()
     fell_back = any(FALLBACK in str(w.message) for w in caught)
-    searched = any(r.positions for r in refs)
+    searched = searches and any(r.positions for r in refs)
     assert fell_back == (backend == "faiss" and search_groups is not None and searched), [
         str(w.message) for w in caught
     ]
@@ -267,24 +274,28 @@ def test_per_query_and_reduced_metrics_match_reference(
         assert values.shape == (len(refs),), key
         assert values.tolist() == pytest.approx([e[key] for e in expected], abs=1e-6), key
 
-    # (b) reduced under the empty-target action (the default path: no neighbour table kept)
-    def call() -> dict[str, Tensor]:
-        return F.retrieval_metrics(problem.x, problem.labels, **sets, **options, empty_target_action=action)
+    # (b) reduced under the empty-target action, without a neighbour table: with full ``map`` read off the full
+    # ranks (no search), without it from the search
+    for map_full in (True, False):
 
-    if action == "error" and any(n == 0 for n in n_relevant):
-        with pytest.raises(ValueError, match="`empty_target_action` is 'error'"):
-            run(call, backend, problem.search_groups, refs)
-        return
-    metrics = run(call, backend, problem.search_groups, refs)
-    rule = "neg" if action == "error" else action  # "error" without a lone query counts every query
-    assert sorted(metrics) == sorted(expected[0])
-    for key, value in metrics.items():
-        want = reference.mean_over([e[key] for e in expected], refs, rule)
-        assert value.ndim == 0, key
-        if math.isnan(want):  # "skip" with every query lone
-            assert math.isnan(float(value)), key
-        else:
-            assert float(value) == pytest.approx(want, abs=1e-6), key
+        def call(map_full: bool = map_full) -> dict[str, Tensor]:
+            chosen = {**options, "map_full": map_full}
+            return F.retrieval_metrics(problem.x, problem.labels, **sets, **chosen, empty_target_action=action)
+
+        if action == "error" and any(n == 0 for n in n_relevant):
+            with pytest.raises(ValueError, match="`empty_target_action` is 'error'"):
+                run(call, backend, problem.search_groups, refs, searches=not map_full)
+            continue
+        metrics = run(call, backend, problem.search_groups, refs, searches=not map_full)
+        rule = "neg" if action == "error" else action  # "error" without a lone query counts every query
+        assert sorted(metrics) == sorted(key for key in expected[0] if map_full or key != "map")
+        for key, value in metrics.items():
+            want = reference.mean_over([e[key] for e in expected], refs, rule)
+            assert value.ndim == 0, key
+            if math.isnan(want):  # "skip" with every query lone
+                assert math.isnan(float(value)), key
+            else:
+                assert float(value) == pytest.approx(want, abs=1e-6), key
 
 
 # ---- fixed cases: a lone query, and each exclusion alone and together -----------------------------------------------
@@ -325,6 +336,7 @@ def test_lone_query_under_every_action(exclusions: str, backend: str) -> None:
             backend,
             sets["search_groups"],
             refs,
+            searches=False,  # full ``map``: every value from the full ranks
         )
         assert {key: float(v) for key, v in metrics.items()} == pytest.approx(
             {key: reference.mean_over(values, refs, action) for key, values in expected.items()}, abs=1e-6

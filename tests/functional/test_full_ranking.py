@@ -172,3 +172,79 @@ def test_rows_with_more_near_ties_than_the_buffer_holds(monkeypatch: pytest.Monk
     with plan.force_compiled(True):
         got = ours(x, labels, chunk_size=32)
     assert got == pytest.approx(full_metrics(reference.leave_one_out(x, labels)), abs=1e-6)
+
+
+def every_ranking_metric(refs: list[reference.QueryRanking], mode: str, action: str) -> dict[str, float]:
+    """The reference value of every key of ``WITHOUT_SEARCH``'s call."""
+    per_query = {
+        "cmc/1": [reference.cmc(r, 1) for r in refs],
+        "cmc/3": [reference.cmc(r, 3) for r in refs],
+        "precision/2": [reference.precision(r, 2, mode) for r in refs],
+        "precision/5": [reference.precision(r, 5, mode) for r in refs],
+        "recall/3": [reference.recall(r, 3) for r in refs],
+        "map/4": [reference.map_at_k(r, 4) for r in refs],
+        "ndcg/3": [reference.ndcg(r, 3) for r in refs],
+        "map_at_r": [reference.map_at_r(r) for r in refs],
+        "r_precision": [reference.r_precision(r) for r in refs],
+        "mrr": [reference.reciprocal_rank(r) for r in refs],
+        "map": [reference.average_precision(r) for r in refs],
+        "minp": [inverse_negative_penalty(r) for r in refs],
+    }
+    return {key: reference.mean_over(values, refs, action) for key, values in per_query.items()}
+
+
+WITHOUT_SEARCH = {
+    "cmc_top_k": (1, 3), "precision_top_k": (2, 5), "recall_top_k": (3,), "map_top_k": (4,), "ndcg_top_k": (3,),
+    "map_at_r": True, "r_precision": True, "mrr": True, "map_full": True, "minp": True,
+}  # fmt: skip
+
+
+@PATHS
+@pytest.mark.parametrize(("mode", "action"), [("min_k_n", "skip"), ("standard", "neg")])
+def test_with_full_map_every_value_comes_from_the_ranks_without_a_search(
+    compiled: bool, mode: str, action: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``map_full`` and no per-query table the ranking values are read off the full ranks (no kNN search
+    runs): the same values as the reference, on ties, duplicates, lone queries and every exclusion rule."""
+    from torchmetrics_retrieval.functional import _per_query
+
+    def no_search(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a kNN search ran")
+
+    x, labels = tied_data(120, seed=10)
+    g = torch.Generator().manual_seed(11)
+    fields = {
+        "sequence_ids": torch.randint(0, 30, (120,), generator=g),
+        "search_groups": torch.randint(0, 2, (120,), generator=g),
+        "is_query": torch.rand(120, generator=g) < 0.6,
+        "is_gallery": torch.rand(120, generator=g) < 0.8,
+    }
+    refs = reference.whole_set(
+        x, labels, **{key: value.tolist() if value.dtype == torch.bool else value for key, value in fields.items()}
+    )
+    expected = every_ranking_metric(refs, mode, action)
+    monkeypatch.setattr(_per_query, "_search", no_search)
+    with plan.force_compiled(compiled):
+        got = F.retrieval_metrics(
+            x, labels, **WITHOUT_SEARCH, precision_mode=mode, empty_target_action=action, chunk_size=16, **fields
+        )
+    assert {key: value.item() for key, value in got.items()} == pytest.approx(expected, abs=1e-6)
+
+
+def test_without_a_search_the_values_equal_the_searched_ones() -> None:
+    """The values read off the ranks equal, bit for bit, those of the search (kept per query), with a custom
+    label comparison and a separate gallery, and with more cutoffs than a query has gallery items."""
+    g = torch.Generator().manual_seed(12)
+    query = torch.randint(-2, 3, (30, 3), generator=g).float()
+    gallery = torch.cat([query[:8], torch.randint(-2, 3, (4, 3), generator=g).float()])  # 12 items, cutoff 15
+    query_labels, gallery_labels = torch.randint(0, 5, (30, 2), generator=g), torch.randint(0, 5, (12, 2), generator=g)
+
+    def same_first(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a[..., 0] == b[..., 0]
+
+    options = {**WITHOUT_SEARCH, "cmc_top_k": (1, 15), "label_comparison_fn": same_first}
+    args = (query, query_labels, gallery, gallery_labels)
+    alone = F.retrieval_metrics(*args, **options)
+    searched, _ = F.retrieval_metrics(*args, **options, return_per_query=True)
+    assert alone.keys() == searched.keys()
+    assert all(torch.equal(alone[key], searched[key]) for key in alone)

@@ -25,6 +25,8 @@ ALL_RANKING = {
     "mrr": True,
     "map_full": True,
 }
+#: What the kNN search serves: with full ``map`` and no per-query table every value comes from the full ranks.
+SEARCHED = {key: value for key, value in ALL_RANKING.items() if key != "map_full"}
 
 # Five 1-D points with exact ties (integer distances are exact in float32) and a duplicate pair.
 X = torch.tensor([[0.0], [0.0], [1.0], [1.0], [3.0]])
@@ -381,7 +383,7 @@ def test_query_chunks_keep_only_per_query_values(monkeypatch: pytest.MonkeyPatch
     x, y = torch.randn(90, 6, generator=g), torch.randint(0, 6, (90,), generator=g)
     seq = torch.randint(0, 30, (90,), generator=g)
     extra = {"is_query": torch.arange(90) % 3 != 0, "is_gallery": torch.arange(90) % 4 != 1} if masks else {}
-    whole, _ = retrieval_metrics(x, y, sequence_ids=seq, return_per_query=True, **extra, **ALL_RANKING)
+    whole, _ = retrieval_metrics(x, y, sequence_ids=seq, return_per_query=True, **extra, **SEARCHED)
     monkeypatch.setattr(_per_query, "NEIGHBOUR_TABLE_BYTES", 2000)  # a few queries per chunk
     monkeypatch.setattr(_per_query, "symmetric_search_fits", lambda n, k: False)
     chunks = []
@@ -392,7 +394,7 @@ def test_query_chunks_keep_only_per_query_values(monkeypatch: pytest.MonkeyPatch
         return lambda rows: chunks.append(rows.numel()) or prepared(rows)
 
     monkeypatch.setattr(_per_query, "_search", counting)
-    chunked = retrieval_metrics(x, y, sequence_ids=seq, **extra, **ALL_RANKING)
+    chunked = retrieval_metrics(x, y, sequence_ids=seq, **extra, **SEARCHED)
     assert len(chunks) > 5
     assert {k: v.item() for k, v in chunked.items()} == pytest.approx({k: v.item() for k, v in whole.items()})
 
@@ -402,7 +404,7 @@ def test_leave_one_out_takes_one_symmetric_pass_when_its_buffer_fits(monkeypatch
 
     g = torch.Generator().manual_seed(6)
     x, y = torch.randn(90, 6, generator=g), torch.randint(0, 6, (90,), generator=g)
-    whole, _ = retrieval_metrics(x, y, return_per_query=True, **ALL_RANKING)
+    whole, _ = retrieval_metrics(x, y, return_per_query=True, **SEARCHED)
     monkeypatch.setattr(_per_query, "NEIGHBOUR_TABLE_BYTES", 2000)  # the table alone would be chunked
     searches: list[tuple[bool, int]] = []
     search = _per_query._search
@@ -412,7 +414,7 @@ def test_leave_one_out_takes_one_symmetric_pass_when_its_buffer_fits(monkeypatch
         return lambda rows: searches.append((prepared.problem.symmetric, rows.numel())) or prepared(rows)
 
     monkeypatch.setattr(_per_query, "_search", recording)
-    once = retrieval_metrics(x, y, **ALL_RANKING)
+    once = retrieval_metrics(x, y, **SEARCHED)
     assert searches == [(True, 90)]  # one symmetric search of every query
     assert {k: v.item() for k, v in once.items()} == pytest.approx({k: v.item() for k, v in whole.items()})
 
@@ -436,7 +438,7 @@ def test_metrics_only_path_skips_uniform_ties_and_keeps_every_value(monkeypatch:
     first = torch.cat([torch.randint(0, 3, (50,), generator=g), torch.randint(0, 2, (480,), generator=g)])
     labels = torch.stack([first, torch.zeros(530, dtype=torch.long)], dim=1)
     split = {"is_query": torch.arange(530) < 50, "is_gallery": torch.arange(530) >= 50}
-    options = RetrievalOptions.create(label_comparison_fn=lambda a, b: (a == b).all(dim=-1), **ALL_RANKING)
+    options = RetrievalOptions.create(label_comparison_fn=lambda a, b: (a == b).all(dim=-1), **SEARCHED)
     exact = retrieval_per_query(x, labels, options=options, **split)
     monkeypatch.setattr(_per_query, "NEIGHBOUR_TABLE_BYTES", 40000)  # query chunks
     calls = []

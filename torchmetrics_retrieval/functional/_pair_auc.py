@@ -33,6 +33,7 @@ from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional._search.blocks import block_sides
 from torchmetrics_retrieval.functional._search.certify import canonical_distances
 from torchmetrics_retrieval.functional._search.problem import Problem, make_problem
+from torchmetrics_retrieval.functional._search.stream_topk import BlockMemory
 from torchmetrics_retrieval.functional._sets import QueryGallery
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn, _dense_label_ids, _label_match_compute
 
@@ -98,11 +99,13 @@ def positive_distances(qg: QueryGallery, problem: Problem, fn: LabelComparisonFn
 
 
 def _blocks(problem: Problem, chunk_size: int | None) -> Iterator[tuple[slice, slice, Tensor, bool]]:
-    """``(rows, cols, float64 inner products, mirrored)`` of every tile."""
+    """``(rows, cols, float64 inner products, mirrored)`` of every tile, each valid until the next."""
     n_rows, n_cols = problem.query64.shape[0], problem.gallery64.shape[0]
+    memory = BlockMemory()  # a fresh 8 MB product per tile cost 3-12% of the products (page faults)
     for rs, cs in _tiles(n_rows, n_cols, chunk_size, problem.symmetric):
         mirrored = problem.symmetric and rs != cs
-        yield rs, cs, problem.query64[rs] @ problem.gallery64[cs].T, mirrored
+        left, right = problem.query64[rs], problem.gallery64[cs]
+        yield rs, cs, torch.mm(left, right.T, out=memory(left.shape[0], right.shape[0], left)), mirrored
         advance((rs.stop - rs.start) * (cs.stop - cs.start) * (2 if mirrored else 1))
 
 

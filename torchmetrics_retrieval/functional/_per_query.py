@@ -7,6 +7,9 @@ Two ways through the search, with the same values:
 * :func:`_chunked`: query chunks reduced to their per-query values as they come, so a large table is never
   held whole; the search then skips the float64 ordering that the values cannot see (near ties of one
   relevance keep their float32 order).
+
+With full ``map`` and no neighbour table wanted there is no search at all (:func:`_from_full_ranks`): the
+full-ranking pass gives the rank of every relevant item, and the hit matrix within K is where those ranks fall.
 """
 
 from __future__ import annotations
@@ -186,6 +189,32 @@ def _chunked(
     return {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
 
 
+def _from_full_ranks(
+    qg: QueryGallery, options: RetrievalOptions, k: int, n_relevant: Tensor, n_candidates: Tensor
+) -> dict[str, Tensor]:
+    """Every ranking value from one full-ranking pass, without a search: the hit matrix within K is where the
+    ranks of the relevant items fall (ranks ordered by (distance, gallery position), as the search orders them),
+    built for ``NEIGHBOUR_TABLE_BYTES`` of queries at a time. ``mrr``, full ``map`` and ``minp`` read the same ranks."""
+    full = relevant_ranks(qg, n_relevant, options)  # (Q, max n(q)), 0 past a query's n(q)
+    parts: list[dict[str, Tensor]] = []
+    every = torch.arange(qg.query.shape[0], device=full.device)
+    for rows in every.split(max(1, NEIGHBOUR_TABLE_BYTES // k)) or (every,):
+        ranks = full[rows]
+        hits = torch.zeros(rows.numel(), k + 1, dtype=torch.bool, device=full.device)  # column k: beyond K
+        hits.scatter_(1, torch.where(ranks > 0, ranks.clamp(max=k + 1) - 1, k), True)
+        parts.append(_ranking_values(options, hits[:, :k], n_relevant[rows], n_candidates[rows]))
+    values = {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
+
+    def known(rows: Tensor, most: int | None, last: bool) -> Tensor:
+        assert not last  # with full ``map`` every rank is known; ``minp`` reads the last one itself
+        return full[rows, :most]
+
+    if options.mrr:
+        values["mrr"] = _mrr(qg, options, values["mrr"], n_relevant, known)
+    values.update(_full_ranking_values(qg, options, n_relevant, known))
+    return values
+
+
 #: Keys of the chunked pass's per-query nearest item and its relevance (taken out before the values are returned).
 _NEAREST, _NEAREST_HIT = "_nearest", "_nearest_relevant"
 
@@ -280,18 +309,23 @@ def per_query(
         or n_query * k * _NEIGHBOUR_BYTES <= NEIGHBOUR_TABLE_BYTES
         or (qg.same_set and symmetric_search_fits(n_query, k))
     )
+    empty = KNNResult(
+        torch.zeros(n_query, 0, dtype=qg.query.dtype, device=device),
+        torch.zeros(n_query, 0, dtype=torch.long, device=device),
+        torch.zeros(n_query, 0, dtype=torch.bool, device=device),
+    )
+    # full ``map`` ranks every relevant item: no search needed unless the caller wants the neighbours themselves
+    # (or the nearest one, for open-set identification)
+    if options.map_full and not keep_neighbours and neighbours is None and not options.fpir_vals:
+        values = _from_full_ranks(qg, options, k, n_relevant, n_candidates)
+        return _result(qg, options, values, n_relevant, empty, empty.valid)
     with section("kNN search", n_query, unit="query"):
         if keep_neighbours or one_pass:
             values, found, is_relevant = _one_pass(
                 qg, options, k, n_relevant, n_candidates, exact=keep_neighbours, found=neighbours
             )
         else:
-            values = _chunked(qg, options, k, n_relevant, n_candidates)
-            found = KNNResult(
-                torch.zeros(n_query, 0, dtype=qg.query.dtype, device=device),
-                torch.zeros(n_query, 0, dtype=torch.long, device=device),
-                torch.zeros(n_query, 0, dtype=torch.bool, device=device),
-            )
+            values, found = _chunked(qg, options, k, n_relevant, n_candidates), empty
             is_relevant = found.valid
     nearest = nearest_relevant = None
     if (keep_neighbours or one_pass) and found.indices.shape[1] == 0:  # no query has a gallery item
@@ -306,7 +340,22 @@ def per_query(
         values["mrr"] = _mrr(qg, options, values["mrr"], n_relevant)
     if options.map_full or options.minp:
         values.update(_full_ranking_values(qg, options, n_relevant))
-    counted = _apply_empty_target_action_compute(torch.zeros(n_query), n_relevant, options.empty_target_action)[1]
+    return _result(qg, options, values, n_relevant, found, is_relevant, nearest, nearest_relevant)
+
+
+def _result(
+    qg: QueryGallery,
+    options: RetrievalOptions,
+    values: dict[str, Tensor],
+    n_relevant: Tensor,
+    found: KNNResult,
+    is_relevant: Tensor,
+    nearest: Tensor | None = None,
+    nearest_relevant: Tensor | None = None,
+) -> RetrievalResult:
+    counted = _apply_empty_target_action_compute(
+        torch.zeros(n_relevant.shape[0]), n_relevant, options.empty_target_action
+    )[1]
     return RetrievalResult(
         values=values,
         counted=counted,
