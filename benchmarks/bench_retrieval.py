@@ -15,7 +15,10 @@ Methods (K = max(5, max n(q)): what our call needs for cmc@5/precision@5/map@5, 
 * ``matmul``: the float32 matrix product alone, row block by row block (a floor, no selection);
 * ``faiss``: ``faiss.IndexFlatL2`` search with K + 1 neighbours (the self match comes back first);
 * ``ours``: ``retrieval_metrics(cmc@1, cmc@5, precision@5, map@5, map@r, r_precision)``;
-* ``ours_map_full``: the same plus ``map_full=True`` (full-ranking MAP; only up to ``--map-full-max``);
+* ``ours_map_full``: the same plus ``map_full=True`` (full-ranking MAP; only up to ``--map-full-max``); every
+  value then comes from the full ranks, with no kNN search;
+* ``ours_mrr``: the same plus ``mrr=True`` (the reciprocal rank over the full ranking: the search, then a count
+  for the queries with no hit in the first K);
 * ``ours_fnmr``: ``fnmr_at_fmr(fmr_vals=(1e-3, 1e-2, 1e-1))`` over every ordered pair (up to ``--map-full-max``);
 * ``pml``: ``AccuracyCalculator(precision_at_1, r_precision, mean_average_precision_at_r,
   k="max_bin_count")`` with ``ref_includes_query=True``;
@@ -55,7 +58,7 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REGIMES, Regime, best_of, clustered_embeddings, memory_mib, reset_peak_memory
 
-METHODS: tuple[str, ...] = ("matmul", "faiss", "ours", "ours_map_full", "ours_fnmr", "pml", "oml")
+METHODS: tuple[str, ...] = ("matmul", "faiss", "ours", "ours_map_full", "ours_mrr", "ours_fnmr", "pml", "oml")
 #: The FMR values of the ``ours_fnmr`` row.
 FMR_VALS = (1e-3, 1e-2, 1e-1)
 #: Our cutoffs, and the keys of every method's values that estimate the same quantity as ours.
@@ -115,6 +118,10 @@ def run_ours_map_full(x: Tensor, labels: Tensor) -> dict[str, float]:
     return _ours(x, labels, map_full=True)
 
 
+def run_ours_mrr(x: Tensor, labels: Tensor) -> dict[str, float]:
+    return _ours(x, labels, mrr=True)
+
+
 def run_ours_fnmr(x: Tensor, labels: Tensor) -> dict[str, float]:
     from torchmetrics_retrieval.functional import fnmr_at_fmr
 
@@ -148,6 +155,7 @@ RUNNERS: dict[str, Callable[[Tensor, Tensor], dict[str, float]]] = {
     "faiss": run_faiss,
     "ours": run_ours,
     "ours_map_full": run_ours_map_full,
+    "ours_mrr": run_ours_mrr,
     "ours_fnmr": run_ours_fnmr,
     "pml": run_pml,
     "oml": run_oml,
@@ -165,6 +173,7 @@ def _import_for(method: str) -> None:
         "faiss": ["faiss"],
         "ours": ["torchmetrics_retrieval.functional"],
         "ours_map_full": ["torchmetrics_retrieval.functional"],
+        "ours_mrr": ["torchmetrics_retrieval.functional"],
         "ours_fnmr": ["torchmetrics_retrieval.functional"],
         "pml": ["pytorch_metric_learning.utils.accuracy_calculator"],
         "oml": ["oml.functional.knn", "oml.functional.metrics"],

@@ -40,14 +40,17 @@ def test_clustered_embeddings_are_seeded_unit_rows_with_balanced_classes() -> No
 @pytest.mark.slow
 def test_measure_every_local_method_and_values_agree_with_pml(bench: ModuleType) -> None:
     rows = {
-        m: bench.measure(m, 2000, "classes100", repeats=1) for m in ("matmul", "faiss", "ours", "ours_map_full", "pml")
+        m: bench.measure(m, 2000, "classes100", repeats=1)
+        for m in ("matmul", "faiss", "ours", "ours_map_full", "ours_mrr", "pml")
     }
     for method, row in rows.items():
         assert row["method"] == method and row["n"] == 2000 and row["k"] == 19
         assert row["seconds"] > 0
     ours, pml = rows["ours"]["values"], rows["pml"]["values"]
     assert set(ours) == {"cmc/1", "cmc/5", "precision/5", "map/5", "map_at_r", "r_precision"}
-    assert "map" in rows["ours_map_full"]["values"]
+    assert "map" in rows["ours_map_full"]["values"] and "mrr" in rows["ours_mrr"]["values"]
+    for key in ours:  # the values read off the full ranks (no search) are the searched ones
+        assert rows["ours_map_full"]["values"][key] == ours[key] == rows["ours_mrr"]["values"][key], key
     for key in ("cmc/1", "r_precision", "map_at_r"):  # PML computes these independently of our code
         assert ours[key] == pytest.approx(pml[key], abs=1e-5), key
     table = bench.format_table(2000, "classes100", {**rows, "oml": {"method": "oml", "status": "not installed"}})
