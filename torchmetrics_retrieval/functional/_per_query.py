@@ -194,11 +194,12 @@ def _from_full_ranks(
 ) -> dict[str, Tensor]:
     """Every ranking value from one full-ranking pass, without a search: the hit matrix within K is where the
     ranks of the relevant items fall (ranks ordered by (distance, gallery position), as the search orders them),
-    built for ``NEIGHBOUR_TABLE_BYTES`` of queries at a time. ``mrr``, full ``map`` and ``minp`` read the same ranks."""
+    built for as many queries at a time as a chunked search takes. ``mrr``, ``map`` and ``minp`` read the same
+    ranks."""
     full = relevant_ranks(qg, n_relevant, options)  # (Q, max n(q)), 0 past a query's n(q)
     parts: list[dict[str, Tensor]] = []
     every = torch.arange(qg.query.shape[0], device=full.device)
-    for rows in every.split(max(1, NEIGHBOUR_TABLE_BYTES // k)) or (every,):
+    for rows in every.split(max(1, NEIGHBOUR_TABLE_BYTES // (max(k, full.shape[1]) * _NEIGHBOUR_BYTES))) or (every,):
         ranks = full[rows]
         hits = torch.zeros(rows.numel(), k + 1, dtype=torch.bool, device=full.device)  # column k: beyond K
         hits.scatter_(1, torch.where(ranks > 0, ranks.clamp(max=k + 1) - 1, k), True)
