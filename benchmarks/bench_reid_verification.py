@@ -3,10 +3,11 @@
 * ``eer`` + ``min_dcf`` over every ordered pair (with three fmr values, sharing the passes) against one bare faiss
   kNN search (K = 21) on the same data, and the peak RSS above the embeddings; then the same with ``roc_auc``
   (its own pass of float64 blocks);
-* ``camera_ids`` against the same call with ``sequence_ids``, full MAP and mINP included: random sequence ids (the
-  same number of distinct ids, so both exclude about as many items, but camera_ids leaves out near neighbours of
-  the query's own label, which the search must look past), and one sequence per (label, camera) (the very same
-  items, so only the code path differs).
+* ``camera_ids`` against the same call with ``sequence_ids``: random sequence ids (the same number of distinct
+  ids, so both exclude about as many items, but camera_ids leaves out near neighbours of the query's own label,
+  which the search must look past), and one sequence per (label, camera) (the very same items, so only the code
+  path differs). Two calls: the re-identification protocol (full MAP, mINP, MAP@R: every value from the
+  full-ranking pass, no search) and one that searches (CMC, MAP@R, mINP).
 
 Data: seeded clustered embeddings (``_common.py``), D = 128, 20 samples per class; every figure from one run.
 With ``--rounds R`` the whole sequence (faiss, then our calls) runs R times in turn, each ratio taken within its
@@ -22,6 +23,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import time
@@ -34,7 +36,11 @@ from _common import clustered_embeddings, memory_mib, reset_peak_memory
 
 from torchmetrics_retrieval.functional import fnmr_at_fmr, retrieval_metrics
 
-OPTIONS: dict[str, Any] = {"map_full": True, "minp": True, "map_at_r": True}
+#: The calls timed with camera_ids and with sequence_ids: the full-ranking pass alone, and the search with it.
+CALLS: dict[str, dict[str, Any]] = {
+    "map + minp + map@r (no search)": {"map_full": True, "minp": True, "map_at_r": True},
+    "cmc + map@r + minp (search)": {"cmc_top_k": (1, 5), "map_at_r": True, "minp": True},
+}
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, float]:
@@ -64,9 +70,9 @@ def main() -> None:
     load = " ".join(open("/proc/loadavg").read().split()[:3])
     print(f"{time.strftime('%Y-%m-%d %H:%M')}, N = {args.n}, {os.cpu_count()} CPUs, load average {load}")
     fnmr_at_fmr(x[:2000], labels[:2000], eer=True, roc_auc=True)  # warm-up: every compiled kernel loaded
-    retrieval_metrics(x[:3000], labels[:3000], sequence_ids=sequences[:3000], **OPTIONS)
-    retrieval_metrics(x[:3000], labels[:3000], camera_ids=cameras[:3000], **OPTIONS)
-    retrieval_metrics(x[:3000], labels[:3000], sequence_ids=same_items[:3000], **OPTIONS)
+    for options in CALLS.values():
+        retrieval_metrics(x[:3000], labels[:3000], sequence_ids=sequences[:3000], **options)
+        retrieval_metrics(x[:3000], labels[:3000], camera_ids=cameras[:3000], **options)
     ratios: dict[tuple[int, str], list[float]] = {}
     for threads in [t for _ in range(args.rounds) for t in args.threads]:
         torch.set_num_threads(threads)
@@ -93,14 +99,17 @@ def main() -> None:
               f"peak {auc_mib:.0f} MiB above the data")  # fmt: skip
         if args.rates_only:
             continue
-        seq_s, _ = timed(lambda: retrieval_metrics(x, labels, sequence_ids=sequences, **OPTIONS))
-        cam_s, _ = timed(lambda: retrieval_metrics(x, labels, camera_ids=cameras, **OPTIONS))
-        same_s, _ = timed(lambda: retrieval_metrics(x, labels, sequence_ids=same_items, **OPTIONS))
-        ratios.setdefault((threads, "camera_ids / random sequence_ids"), []).append(cam_s / seq_s)
-        ratios.setdefault((threads, "camera_ids / sequence_ids of (label, camera)"), []).append(cam_s / same_s)
-        print(f"  retrieval_metrics with map, minp, map@r: sequence_ids {seq_s:.2f} s, camera_ids {cam_s:.2f} s: "
-              f"camera_ids costs {100 * (cam_s / seq_s - 1):+.1f}%; against sequence_ids leaving out the same "
-              f"items ({same_s:.2f} s): {100 * (cam_s / same_s - 1):+.1f}%")  # fmt: skip
+        for call, options in CALLS.items():
+            seq_s, _ = timed(functools.partial(retrieval_metrics, x, labels, sequence_ids=sequences, **options))
+            cam_s, _ = timed(functools.partial(retrieval_metrics, x, labels, camera_ids=cameras, **options))
+            same_s, _ = timed(functools.partial(retrieval_metrics, x, labels, sequence_ids=same_items, **options))
+            ratios.setdefault((threads, f"{call}: camera_ids / random sequence_ids"), []).append(cam_s / seq_s)
+            ratios.setdefault((threads, f"{call}: camera_ids / sequence_ids of (label, camera)"), []).append(
+                cam_s / same_s
+            )
+            print(f"  {call}: sequence_ids {seq_s:.2f} s, camera_ids {cam_s:.2f} s: camera_ids costs "
+                  f"{100 * (cam_s / seq_s - 1):+.1f}%; against sequence_ids leaving out the same items "
+                  f"({same_s:.2f} s): {100 * (cam_s / same_s - 1):+.1f}%")  # fmt: skip
     if args.rounds > 1:
         for (threads, what), values in ratios.items():
             shown = ", ".join(f"{v:.2f}" for v in values)
