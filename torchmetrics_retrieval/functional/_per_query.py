@@ -199,7 +199,8 @@ def _from_full_ranks(
     full = relevant_ranks(qg, n_relevant, options)  # (Q, max n(q)), 0 past a query's n(q)
     parts: list[dict[str, Tensor]] = []
     every = torch.arange(qg.query.shape[0], device=full.device)
-    for rows in every.split(max(1, NEIGHBOUR_TABLE_BYTES // (max(k, full.shape[1]) * _NEIGHBOUR_BYTES))) or (every,):
+    step = max(1, NEIGHBOUR_TABLE_BYTES // (max(k, full.shape[1]) * _NEIGHBOUR_BYTES))
+    for rows in every.split(step) or (every,):  # (one empty chunk without a query: every key still present)
         ranks = full[rows]
         hits = torch.zeros(rows.numel(), k + 1, dtype=torch.bool, device=full.device)  # column k: beyond K
         hits.scatter_(1, torch.where(ranks > 0, ranks.clamp(max=k + 1) - 1, k), True)
@@ -360,6 +361,7 @@ def _result(
     nearest: Tensor | None = None,
     nearest_relevant: Tensor | None = None,
 ) -> RetrievalResult:
+    """The per-query result of ``per_query``, with the counted queries under the empty-target rule."""
     counted = _apply_empty_target_action_compute(
         torch.zeros(n_relevant.shape[0]), n_relevant, options.empty_target_action
     )[1]
