@@ -22,7 +22,7 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional import ranking
 from torchmetrics_retrieval.functional._checks import check_positive_int
-from torchmetrics_retrieval.functional._full_ranking import relevant_ranks
+from torchmetrics_retrieval.functional._full_ranking import _BUDGET_ENTRIES, relevant_ranks
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._progress import section
 from torchmetrics_retrieval.functional._search.certify import canonical_distances
@@ -262,9 +262,9 @@ def _full_ranking_values(
         full = find(every, None, False)
         position = torch.arange(1, full.shape[1] + 1, device=full.device, dtype=torch.float64)
         precision_sums = torch.zeros(full.shape[0], dtype=torch.float64, device=full.device)
-        # a million ranks at a time: the float64 temporaries of all of them at once were 4x the ranks (3.2 GB
-        # at N = 100k with 999 relevant items per query)
-        for rows in every.split(max(1, 2**20 // max(1, full.shape[1]))):
+        # the full ranking's budget of entries at a time: the float64 temporaries of all the ranks at once were
+        # 4x the ranks (3.2 GB at N = 100k with 999 relevant items per query)
+        for rows in every.split(max(1, _BUDGET_ENTRIES // max(1, full.shape[1]))):
             part = full[rows].to(torch.float64)
             precision_sums[rows] = torch.where(part > 0, position[None, :] / part.clamp(min=1), 0.0).sum(dim=1)
         values["map"] = (precision_sums / n_relevant.clamp(min=1)).to(torch.float32)
