@@ -7,6 +7,10 @@ first call above its RSS before it (the embeddings it already held are below tha
 thread is the reference; the values of every run are checked identical to it. Usage::
 
     python benchmarks/bench_ddp.py --n 20000 60000
+    python benchmarks/bench_ddp.py --n 20000 60000 --modes shard --rounds 3
+
+With ``--rounds R`` the runs of one N (one process, then each number of ranks) repeat R times in turn and the
+median speed-up of the later calls is printed per configuration: each ratio compares two runs seconds apart.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -76,23 +81,35 @@ def run(n: int, world: int, mode: Literal["shard", "gather"]) -> tuple[list[floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, nargs="+", default=[20_000, 60_000])
+    parser.add_argument("--modes", nargs="+", choices=["shard", "gather"], default=["shard", "gather"])
+    parser.add_argument("--rounds", type=int, default=1, help="times the whole sequence runs, in turn, per N")
     args = parser.parse_args()
     load = " ".join(open("/proc/loadavg").read().split()[:3])
     print(
         f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, load average {load}, D = 128, one thread per rank"
     )
     for n in args.n:
-        one_s, one_mib, reference = run(n, 1, "shard")
-        print(f"N = {n}: 1 process: first call {one_s[0]:.2f} s, later calls {one_s[1]:.2f} s, peak {one_mib:.0f} MiB")
-        for world in (2, 3):
-            for mode in ("shard", "gather"):
-                seconds, mib, values = run(n, world, mode)
-                same = values.keys() == reference.keys() and all(torch.equal(values[k], reference[k]) for k in values)
-                print(
-                    f"  {world} ranks, {mode}: first call {seconds[0]:.2f} s = {one_s[0] / seconds[0]:.2f}x faster "
-                    f"than 1 process, later calls {seconds[1]:.2f} s = {one_s[1] / seconds[1]:.2f}x; peak per rank "
-                    f"{mib:.0f} MiB ({mib / max(one_mib, 1):.2f}x of 1 process), identical: {same}"
-                )
+        speedups: dict[str, list[float]] = {}  # later calls, 1 process / P ranks, per round
+        for _ in range(args.rounds):
+            one_s, one_mib, reference = run(n, 1, "shard")
+            print(f"N = {n}: 1 process: first call {one_s[0]:.2f} s, later calls {one_s[1]:.2f} s, "
+                  f"peak {one_mib:.0f} MiB")  # fmt: skip
+            for world in (2, 3):
+                for mode in args.modes:
+                    seconds, mib, values = run(n, world, mode)
+                    same = values.keys() == reference.keys() and all(
+                        torch.equal(values[k], reference[k]) for k in values
+                    )
+                    speedups.setdefault(f"{world} ranks, {mode}", []).append(one_s[1] / seconds[1])
+                    print(
+                        f"  {world} ranks, {mode}: first call {seconds[0]:.2f} s = {one_s[0] / seconds[0]:.2f}x "
+                        f"faster than 1 process, later calls {seconds[1]:.2f} s = {one_s[1] / seconds[1]:.2f}x; "
+                        f"peak per rank {mib:.0f} MiB ({mib / max(one_mib, 1):.2f}x of 1 process), identical: {same}"
+                    )
+        if args.rounds > 1:
+            for what, ratios in speedups.items():
+                shown = ", ".join(f"{v:.2f}" for v in ratios)
+                print(f"N = {n}, {what}: later calls median {statistics.median(ratios):.2f}x faster ({shown})")
 
 
 if __name__ == "__main__":
