@@ -671,3 +671,25 @@ def test_distance_blocks_errors() -> None:
         distance_blocks(X, X, sequence_ids=torch.zeros(3))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="`gallery` must have 2 columns"):
         distance_blocks(X, torch.zeros(3, 1))
+
+
+@pytest.mark.parametrize(
+    "cols",
+    [slice(3, 17), torch.tensor([0, 2, 5, 6, 11, 19]), torch.tensor([11, 2, 19, 5]), torch.tensor([[4, 9], [1, 2]])],
+    ids=["slice", "ascending positions", "positions in any order", "per-row positions"],
+)
+def test_the_self_rule_marks_exactly_each_rows_own_item(cols: slice | torch.Tensor) -> None:
+    """Every form of block columns, against an entry-by-entry loop: a row's own item (-1: none in the gallery)
+    is marked wherever it is one of the block's columns, and nothing else is."""
+    own = torch.tensor([5, -1, 11, 2, 19, 0, 2, 12])
+    rows = slice(2, 4) if isinstance(cols, torch.Tensor) and cols.ndim == 2 else slice(0, 8)
+    positions = cols if isinstance(cols, torch.Tensor) else torch.arange(cols.start, cols.stop)
+    n_rows = rows.stop - rows.start
+    expected = torch.zeros(n_rows, positions.shape[-1], dtype=torch.bool)
+    for i in range(n_rows):
+        row_positions = positions[i] if positions.ndim == 2 else positions
+        for j in range(positions.shape[-1]):
+            expected[i, j] = bool(row_positions[j] == own[rows.start + i])
+    found = Exclusions(own, None, None).fill_excluded_(torch.zeros_like(expected), rows, cols, True)
+    assert torch.equal(found, expected)
+    assert bool(expected.any())

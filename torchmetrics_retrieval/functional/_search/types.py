@@ -108,6 +108,12 @@ class Exclusions(NamedTuple):
             if isinstance(cols, slice):
                 hit = torch.nonzero((own >= cols.start) & (own < cols.stop)).flatten()
                 target[hit, own[hit] - cols.start] = value
+            elif cols.ndim == 1 and cols.numel() and bool((cols[1:] > cols[:-1]).all()):
+                # ascending positions (a search's strided sample): each row's own column found by bisection,
+                # instead of comparing the whole block
+                at = torch.searchsorted(cols, own).clamp_(max=cols.numel() - 1)
+                hit = torch.nonzero(cols[at] == own).flatten()
+                target[hit, at[hit]] = value
             else:
                 target.masked_fill_(_query_side(own, slice(None)) == (cols if cols.ndim == 2 else cols[None, :]), value)
         return target
