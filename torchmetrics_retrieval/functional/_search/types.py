@@ -95,8 +95,9 @@ class Exclusions(NamedTuple):
         """Write ``value`` into the entries of ``target`` that pair a query of ``rows`` with an excluded item.
 
         ``target`` is ``(R, C)`` for the query rows ``rows`` (a slice or positions) and the columns ``cols``
-        (see :data:`Columns`). The self rule touches at most one entry per row: for a slice of columns it
-        is written entry by entry instead of comparing the whole block. Returns ``target``.
+        (see :data:`Columns`). The self rule touches at most one entry per row: for a slice of columns, or
+        ascending positions (a search's strided sample, found by bisection), it is written entry by entry
+        instead of comparing the whole block. Returns ``target``.
         """
         for ids_q, ids_g in self.same_id_rules:
             target.masked_fill_(_query_side(ids_q, rows) == _gallery_side(ids_g, cols), value)
@@ -109,8 +110,6 @@ class Exclusions(NamedTuple):
                 hit = torch.nonzero((own >= cols.start) & (own < cols.stop)).flatten()
                 target[hit, own[hit] - cols.start] = value
             elif cols.ndim == 1 and cols.numel() and bool((cols[1:] > cols[:-1]).all()):
-                # ascending positions (a search's strided sample): each row's own column found by bisection,
-                # instead of comparing the whole block
                 at = torch.searchsorted(cols, own).clamp_(max=cols.numel() - 1)
                 hit = torch.nonzero(cols[at] == own).flatten()
                 target[hit, at[hit]] = value
