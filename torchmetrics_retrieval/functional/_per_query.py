@@ -186,6 +186,11 @@ def _chunked(
         values = _ranking_values(options, hits, n_relevant[rows], n_candidates[rows])
         values[_NEAREST], values[_NEAREST_HIT] = part.indices[:, 0], hits[:, 0] & part.valid[:, 0]
         parts.append(values)
+    return _joined(parts)
+
+
+def _joined(parts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """The per-query values of consecutive query chunks, as one table."""
     return {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
 
 
@@ -205,7 +210,7 @@ def _from_full_ranks(
         hits = torch.zeros(rows.numel(), k + 1, dtype=torch.bool, device=full.device)  # column k: beyond K
         hits.scatter_(1, torch.where(ranks > 0, ranks.clamp(max=k + 1) - 1, k), True)
         parts.append(_ranking_values(options, hits[:, :k], n_relevant[rows], n_candidates[rows]))
-    values = {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
+    values = _joined(parts)
 
     def known(rows: Tensor, most: int | None, last: bool) -> Tensor:
         assert not last  # with full ``map`` every rank is known; ``minp`` reads the last one itself
