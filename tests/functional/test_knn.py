@@ -693,3 +693,21 @@ def test_the_self_rule_marks_exactly_each_rows_own_item(cols: slice | torch.Tens
     found = Exclusions(own, None, None).fill_excluded_(torch.zeros_like(expected), rows, cols, True)
     assert torch.equal(found, expected)
     assert bool(expected.any())
+
+
+@pytest.mark.parametrize(
+    ("rows", "cols"),
+    [(slice(0, 8), slice(0, 8)), (slice(4, 12), slice(0, 6)), (slice(0, 5), slice(3, 20)), (slice(8, 12), slice(0, 8))],
+    ids=["the diagonal block", "rows after columns", "columns after rows", "no common item"],
+)
+def test_the_self_rule_of_a_set_against_itself_marks_the_blocks_diagonal(rows: slice, cols: slice) -> None:
+    """With query i being item i, the marked entries are those whose row and column are the same sample, as an
+    entry-by-entry loop finds them, wherever the block sits."""
+    n_rows, n_cols = rows.stop - rows.start, cols.stop - cols.start
+    expected = torch.zeros(n_rows, n_cols, dtype=torch.bool)
+    for i in range(n_rows):
+        for j in range(n_cols):
+            expected[i, j] = rows.start + i == cols.start + j
+    exclusions = Exclusions(torch.arange(20), None, None, self_is_identity=True)
+    found = exclusions.fill_excluded_(torch.zeros_like(expected), rows, cols, True)
+    assert torch.equal(found, expected)

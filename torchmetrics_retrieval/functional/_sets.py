@@ -70,7 +70,8 @@ class QueryGallery(NamedTuple):
     def exclusions(self) -> Exclusions:
         """The exclusion rules of the search (no self rule when no query is in the gallery)."""
         own = self.self_index if bool((self.self_index >= 0).any()) else None
-        return Exclusions(own, self.sequence_ids, self.search_groups, self.camera_labels)
+        identity = self.same_set and own is not None  # then query i is gallery item i
+        return Exclusions(own, self.sequence_ids, self.search_groups, self.camera_labels, self_is_identity=identity)
 
     def take(self, rows: Tensor) -> QueryGallery:
         """The problem restricted to the queries ``rows`` (the gallery is unchanged; no longer ``same_set``)."""

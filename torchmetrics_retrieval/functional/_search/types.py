@@ -80,6 +80,7 @@ class Exclusions(NamedTuple):
     search_groups: tuple[Tensor, Tensor] | None  # (query side (Q,), gallery side (G,))
     camera_labels: tuple[Tensor, Tensor] | None = None  # dense ids of (label, camera), both sides
     sides: tuple[Tensor, Tensor] | None = None  # side (0 or 1) of each item in a bipartite search
+    self_is_identity: bool = False  # ``self_index`` is ``arange(Q)``: a set against itself
 
     @property
     def same_id_rules(self) -> list[tuple[Tensor, Tensor]]:
@@ -95,9 +96,10 @@ class Exclusions(NamedTuple):
         """Write ``value`` into the entries of ``target`` that pair a query of ``rows`` with an excluded item.
 
         ``target`` is ``(R, C)`` for the query rows ``rows`` (a slice or positions) and the columns ``cols``
-        (see :data:`Columns`). The self rule touches at most one entry per row: for a slice of columns, or
-        ascending positions (a search's strided sample, found by bisection), it is written entry by entry
-        instead of comparing the whole block. Returns ``target``.
+        (see :data:`Columns`). The self rule touches at most one entry per row: for slices of a set against
+        itself, the block's diagonal that pairs each query with itself; for a slice of columns, or ascending
+        positions (a search's strided sample, found by bisection), entry by entry instead of comparing the
+        whole block. Returns ``target``.
         """
         for ids_q, ids_g in self.same_id_rules:
             target.masked_fill_(_query_side(ids_q, rows) == _gallery_side(ids_g, cols), value)
@@ -105,6 +107,10 @@ class Exclusions(NamedTuple):
             group_q, group_g = self.search_groups
             target.masked_fill_(_query_side(group_q, rows) != _gallery_side(group_g, cols), value)
         if self.self_index is not None:
+            if self.self_is_identity and isinstance(rows, slice) and isinstance(cols, slice):
+                # query i is item i: a block's own entries lie on one diagonal, a view (no index computed)
+                target.diagonal((rows.start or 0) - (cols.start or 0)).fill_(value)
+                return target
             own = self.self_index[rows]
             if isinstance(cols, slice):
                 hit = torch.nonzero((own >= cols.start) & (own < cols.stop)).flatten()
