@@ -33,6 +33,7 @@ from torchmetrics.utilities.distributed import gather_all_tensors
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._per_query import _search
 from torchmetrics_retrieval.functional._search import plan
+from torchmetrics_retrieval.functional._search.certify import order_by_distance_then_position
 from torchmetrics_retrieval.functional._search.problem import make_problem
 from torchmetrics_retrieval.functional._search.rounds import Search
 from torchmetrics_retrieval.functional._search.types import KNNResult
@@ -112,11 +113,11 @@ def _padded(found: KNNResult, k: int, gallery_rows: Tensor, like: Tensor) -> Fou
 def merge(candidates: Found, k: int) -> Found:
     """The ``k`` best of candidate lists side by side, ordered by (distance, gallery row) as one exact search."""
     distances, items, valid = candidates
-    big = torch.iinfo(torch.long).max
+    # an empty slot sorts after every item at its (infinite) distance: one sort on a combined key when the rows fit
+    # its 31 bits (``order_by_distance_then_position``)
     distances = distances.masked_fill(~valid, math.inf)
-    items = items.masked_fill(~valid, big)
-    by_item = torch.argsort(items, dim=1, stable=True)
-    order = torch.gather(by_item, 1, torch.argsort(torch.gather(distances, 1, by_item), dim=1, stable=True))[:, :k]
+    items = items.masked_fill(~valid, torch.iinfo(torch.int32).max)
+    order = order_by_distance_then_position(distances, items)[:, :k]
     return torch.gather(distances, 1, order), torch.gather(items, 1, order), torch.gather(valid, 1, order)
 
 

@@ -21,7 +21,7 @@ from torchmetrics_retrieval.functional._search.keys import Float64Rows, canonica
 from torchmetrics_retrieval.functional._search.problem import Candidates, Problem
 from torchmetrics_retrieval.functional._search.types import RelevanceFn
 
-__all__ = ["Ranked", "canonical_distances", "cap_keys", "key_tolerance", "rank"]
+__all__ = ["Ranked", "canonical_distances", "cap_keys", "key_tolerance", "order_by_distance_then_position", "rank"]
 
 
 def canonical_distances(problem: Problem, rows: Tensor, pair_rows: Tensor, pair_cols: Tensor) -> Tensor:
@@ -128,7 +128,7 @@ class Ranked(NamedTuple):
     certified: Tensor  # (R,) bool: provably the exact answer
 
 
-def _order_by_distance_then_position(distances: Tensor, positions: Tensor) -> Tensor:
+def order_by_distance_then_position(distances: Tensor, positions: Tensor) -> Tensor:
     """Per row, the permutation sorting by (distance, position): one sort on a combined int64 key.
 
     Float32 distances take ``keys.order_key``; other dtypes two stable sorts.
@@ -172,7 +172,7 @@ def rank(
     else:
         values = _key_to_distance(problem, rows, keys).to(dtype).masked_fill_(~ok, float("inf"))
     values[pair_rows, slots] = canonical_distances(problem, rows, pair_rows, indices[pair_rows, slots]).to(dtype)
-    order = _order_by_distance_then_position(values, torch.where(ok, indices, problem.gallery.shape[0]))[:, :k]
+    order = order_by_distance_then_position(values, torch.where(ok, indices, problem.gallery.shape[0]))[:, :k]
     valid = ok.gather(1, order)
     distances = values.gather(1, order).masked_fill_(~valid, float("inf"))
     chosen = indices.gather(1, order).masked_fill_(~valid, 0)
