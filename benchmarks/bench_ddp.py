@@ -2,15 +2,18 @@
 
 Each rank holds a DistributedSampler-like stride of the samples (``indexes`` given) and calls ``compute()`` twice,
 on two fresh metrics: the first call of a fresh process (it also loads the compiled kernels) and the second, what
-every later validation epoch costs. The time is the slowest rank's; the memory each rank's peak RSS during the
-first call above its RSS before it (the embeddings it already held are below that line). One process with one
-thread is the reference; the values of every run are checked identical to it. Usage::
+every later validation epoch costs. The time is the slowest rank's; the CPU time the sum of every rank's (all
+threads of the process, gloo's included): what sharding adds in work, apart from how the machine shares its cores;
+the memory each rank's peak RSS during the first call above its RSS before it (the embeddings it already held are
+below that line). One process with one thread is the reference; the values of every run are checked identical
+to it. Usage::
 
     python benchmarks/bench_ddp.py --n 20000 60000
     python benchmarks/bench_ddp.py --n 20000 60000 --modes shard --rounds 3
 
 With ``--rounds R`` the runs of one N (one process, then each number of ranks) repeat R times in turn and the
-median speed-up of the later calls is printed per configuration: each ratio compares two runs seconds apart.
+median speed-up of the later calls (and CPU ratio) is printed per configuration: each ratio compares two runs
+seconds apart.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -47,7 +50,7 @@ def _rank(rank: int, world: int, port: int, n: int, mode: Literal["shard", "gath
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     rows = torch.arange(rank, n, world)
     x, labels = x[rows], labels[rows]
-    seconds, mib = [], []
+    seconds, cpu, mib = [], [], []
     for _ in range(2):
         metric = EmbeddingMetrics(**OPTIONS, distributed=mode)
         metric.update(x, labels, indexes=rows)
@@ -55,27 +58,36 @@ def _rank(rank: int, world: int, port: int, n: int, mode: Literal["shard", "gath
             dist.barrier()
         can_reset = reset_peak_memory()
         base, _ = memory_mib()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         values = metric.compute()
         seconds.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
         _, peak = memory_mib()
         mib.append(peak - base if can_reset else float("nan"))
         del metric
     # the first call's memory: the allocator keeps what it freed, so the second call's peak barely rises
-    torch.save((seconds, mib[0], values), Path(out) / f"{rank}.pt")
+    torch.save((seconds, cpu, mib[0], values), Path(out) / f"{rank}.pt")
     if world > 1:
         dist.destroy_process_group()
 
 
-def run(n: int, world: int, mode: Literal["shard", "gather"]) -> tuple[list[float], float, dict[str, torch.Tensor]]:
-    """(slowest rank's seconds of the first and second call, largest rank's peak MiB above its RSS before the
-    first call, values of rank 0)."""
+class Run(NamedTuple):
+    """One run of the two ``compute()`` calls on every rank."""
+
+    seconds: list[float]  # the slowest rank's, first and second call
+    cpu: float  # CPU seconds of the second call, summed over the ranks
+    mib: float  # the largest rank's peak above its RSS before the first call
+    values: dict[str, torch.Tensor]  # rank 0's
+
+
+def run(n: int, world: int, mode: Literal["shard", "gather"]) -> Run:
+    """The two calls on ``world`` processes (one: the reference), their values checked equal across ranks."""
     with tempfile.TemporaryDirectory() as out:
         mp.spawn(_rank, args=(world, _port(), n, mode, out), nprocs=world, join=True)
         results = [torch.load(Path(out) / f"{r}.pt", weights_only=False) for r in range(world)]
-    assert all(result[2] == results[0][2] for result in results)
+    assert all(result[3] == results[0][3] for result in results)
     seconds = [max(r[0][call] for r in results) for call in range(2)]
-    return seconds, max(r[1] for r in results), results[0][2]
+    return Run(seconds, sum(r[1][1] for r in results), max(r[2] for r in results), results[0][3])
 
 
 def main() -> None:
@@ -90,26 +102,35 @@ def main() -> None:
     )
     for n in args.n:
         speedups: dict[str, list[float]] = {}  # later calls, 1 process / P ranks, per round
+        cpu_ratios: dict[str, list[float]] = {}  # later calls, CPU summed over P ranks / 1 process, per round
         for _ in range(args.rounds):
-            one_s, one_mib, reference = run(n, 1, "shard")
-            print(f"N = {n}: 1 process: first call {one_s[0]:.2f} s, later calls {one_s[1]:.2f} s, "
-                  f"peak {one_mib:.0f} MiB")  # fmt: skip
+            one = run(n, 1, "shard")
+            print(f"N = {n}: 1 process: first call {one.seconds[0]:.2f} s, later calls {one.seconds[1]:.2f} s "
+                  f"(CPU {one.cpu:.2f} s), peak {one.mib:.0f} MiB")  # fmt: skip
             for world in (2, 3):
                 for mode in args.modes:
-                    seconds, mib, values = run(n, world, mode)
-                    same = values.keys() == reference.keys() and all(
-                        torch.equal(values[k], reference[k]) for k in values
+                    ranks = run(n, world, mode)
+                    same = ranks.values.keys() == one.values.keys() and all(
+                        torch.equal(ranks.values[k], one.values[k]) for k in ranks.values
                     )
-                    speedups.setdefault(f"{world} ranks, {mode}", []).append(one_s[1] / seconds[1])
+                    speedups.setdefault(f"{world} ranks, {mode}", []).append(one.seconds[1] / ranks.seconds[1])
+                    cpu_ratios.setdefault(f"{world} ranks, {mode}", []).append(ranks.cpu / one.cpu)
                     print(
-                        f"  {world} ranks, {mode}: first call {seconds[0]:.2f} s = {one_s[0] / seconds[0]:.2f}x "
-                        f"faster than 1 process, later calls {seconds[1]:.2f} s = {one_s[1] / seconds[1]:.2f}x; "
-                        f"peak per rank {mib:.0f} MiB ({mib / max(one_mib, 1):.2f}x of 1 process), identical: {same}"
+                        f"  {world} ranks, {mode}: first call {ranks.seconds[0]:.2f} s = "
+                        f"{one.seconds[0] / ranks.seconds[0]:.2f}x faster than 1 process, later calls "
+                        f"{ranks.seconds[1]:.2f} s = {one.seconds[1] / ranks.seconds[1]:.2f}x (CPU summed over the "
+                        f"ranks {ranks.cpu:.2f} s = {ranks.cpu / one.cpu:.2f}x); peak per rank {ranks.mib:.0f} MiB "
+                        f"({ranks.mib / max(one.mib, 1):.2f}x of 1 process), identical: {same}"
                     )
         if args.rounds > 1:
             for what, ratios in speedups.items():
                 shown = ", ".join(f"{v:.2f}" for v in ratios)
-                print(f"N = {n}, {what}: later calls median {statistics.median(ratios):.2f}x faster ({shown})")
+                cpu = cpu_ratios[what]
+                print(
+                    f"N = {n}, {what}: later calls median {statistics.median(ratios):.2f}x faster ({shown}); CPU "
+                    f"summed over the ranks median {statistics.median(cpu):.2f}x one process's "
+                    f"({', '.join(f'{v:.2f}' for v in cpu)})"
+                )
 
 
 if __name__ == "__main__":
