@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 import torch
 
-from torchmetrics_retrieval.functional._search.compiled.order import mixed_runs, order_runs, sort_by_key
+from torchmetrics_retrieval.functional._search.compiled.order import mixed_runs, order_runs, ranked_columns, sort_by_key
 
 INF = float("inf")
 
@@ -49,3 +51,35 @@ def test_mixed_runs_are_the_runs_of_near_entries_with_both_kinds_of_items() -> N
     assert mixed_runs(near, relevant).tolist() == expected
     assert near[0].tolist() == [True, True, False, True, True, True]  # the input is left alone
     assert not bool(mixed_runs(torch.zeros(2, 3, dtype=torch.bool), relevant[:, :3]).any())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("distance", ["dot", "cosine", "sqeuclidean", "euclidean"])
+def test_ranked_columns_read_each_rank_and_map_its_key_to_a_distance(distance: str, dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(1)
+    keys = torch.randn(30, 12, generator=g).sort(dim=1).values
+    keys[:, -3:] = INF  # empty slots
+    keys[0, 1] = -2.0  # a squared distance below 0 by its key: the L2 distance is 0
+    items = torch.randint(0, 1000, keys.shape, generator=g)
+    near = torch.rand(keys.shape, generator=g) < 0.3
+    values = torch.rand(keys.shape, generator=g, dtype=torch.float64).to(dtype)
+    order = torch.rand(keys.shape, generator=g).argsort(dim=1)[:, :9]
+    query_sq = torch.rand(30, generator=g, dtype=torch.float64) + 0.5
+
+    distances, chosen, valid, recomputed = ranked_columns(keys, items, near, values, order, query_sq, distance)
+
+    # the slow reference: each rank's slot, its key's distance in float64 (numpy's square root), then rounded
+    key = keys.gather(1, order).double().numpy()
+    by_key = {
+        "dot": key,
+        "cosine": 1.0 + key,
+        "sqeuclidean": key + query_sq.numpy()[:, None],
+        "euclidean": np.sqrt(np.maximum(key + query_sq.numpy()[:, None], 0.0)),
+    }[distance]
+    expected_valid = keys.gather(1, order) < INF
+    expected_recomputed = near.gather(1, order) & expected_valid
+    expected = torch.where(expected_recomputed, values.gather(1, order), torch.from_numpy(by_key).to(dtype))
+    assert distances.dtype == dtype
+    assert torch.equal(valid, expected_valid) and torch.equal(recomputed, expected_recomputed)
+    assert torch.equal(distances, expected.masked_fill(~expected_valid, INF))
+    assert torch.equal(chosen, items.gather(1, order).masked_fill(~expected_valid, 0))

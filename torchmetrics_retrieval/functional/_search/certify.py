@@ -16,7 +16,7 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional._precision import ieee_sqrt
 from torchmetrics_retrieval.functional._search import plan
-from torchmetrics_retrieval.functional._search.compiled.order import mixed_runs, order_runs, sort_by_key
+from torchmetrics_retrieval.functional._search.compiled.order import mixed_runs, order_runs, ranked_columns, sort_by_key
 from torchmetrics_retrieval.functional._search.keys import Float64Rows, canonical_dots, distances_from_dots, order_key
 from torchmetrics_retrieval.functional._search.problem import Candidates, Problem
 from torchmetrics_retrieval.functional._search.types import RelevanceFn
@@ -248,12 +248,12 @@ def _rank_compiled(
     pair_rows, slots = torch.nonzero(near, as_tuple=True)
     values[pair_rows, slots] = canonical_distances(problem, rows, pair_rows, items[pair_rows, slots]).to(dtype)
     order = order_runs(values, items, near)[:, :k]
-    valid, recomputed = ok.gather(1, order), near.gather(1, order)
-    key_k = keys32.gather(1, order).to(torch.float64)
-    distances = torch.where(recomputed, values.gather(1, order), _key_to_distance(problem, rows, key_k).to(dtype))
-    distances.masked_fill_(~valid, float("inf"))
-    chosen = items.gather(1, order).masked_fill_(~valid, 0)
-    certified = _certified(problem, rows, ok, floor, tolerance, k, distances, key_k[:, -1], recomputed[:, -1])
+    query_sq = problem.query_sq64[rows]
+    distances, chosen, valid, recomputed = ranked_columns(
+        keys32, items, near, values, order, query_sq, problem.distance
+    )
+    last_key = keys32.gather(1, order[:, -1:]).reshape(-1).to(torch.float64)
+    certified = _certified(problem, rows, ok, floor, tolerance, k, distances, last_key, recomputed[:, -1])
     return Ranked(distances, chosen, valid, certified)
 
 

@@ -1,5 +1,5 @@
-"""The numba kernels of the compiled stage-1 buffers (``compiled.buffer``, ``symmetric_sweep``) and of the
-compiled stage-2 ordering (``compiled.order``), compiled on first use and cached on disk.
+"""The numba kernels of the compiled stage-1 buffers (``compiled.buffer``, ``symmetric_sweep``), compiled on first
+use and cached on disk (the stage-2 ordering's are in ``order_kernels``).
 
 Importing this module imports numba: the modules that use it import it on first use only
 (``compiled.buffer.load_kernels``). The kernels are module-level functions, never closures: numba keys its
@@ -296,91 +296,3 @@ def finish_rows(keys, items, fill, tau, kp, r0, r1):
         if n > kp:
             tau[row] = keys[row, kp - 1]
         fill[row] = kept
-
-
-@pjit
-def sort_rows(key_bits, items, gap, near_limit, sorted_keys, sorted_items, near, n_threads):
-    n_rows = key_bits.shape[0]
-    for t in prange(n_threads):
-        r0, r1 = n_rows * t // n_threads, n_rows * (t + 1) // n_threads
-        sort_rows_range(key_bits, items, gap, near_limit, sorted_keys, sorted_items, near, r0, r1)
-
-
-@jit
-def sort_rows_range(key_bits, items, gap, near_limit, sorted_keys, sorted_items, near, r0, r1):
-    n = key_bits.shape[1]
-    codes, scratch, counts = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), np.empty(256, np.int64)
-    for r in range(r0, r1):
-        in_order = True
-        for j in range(n):
-            codes[j] = encode(key_bits[r, j], items[r, j])
-            in_order &= j == 0 or codes[j] >= codes[j - 1]
-        if not in_order:  # (the compiled buffer returns its rows sorted)
-            radix_sort(codes, scratch, counts)
-        for j in range(n):
-            sorted_keys[r, j], sorted_items[r, j] = decode(codes[j])
-        keys = sorted_keys[r].view(np.float32)
-        for j in range(n):
-            if keys[j] <= near_limit[r]:
-                near[r, j] = True
-            if j and np.float64(keys[j]) - np.float64(keys[j - 1]) <= gap[r]:
-                near[r, j] = near[r, j - 1] = True
-
-
-@pjit
-def sort_runs(values, items, near, order, n_threads):
-    n_rows = values.shape[0]
-    for t in prange(n_threads):
-        sort_runs_range(values, items, near, order, n_rows * t // n_threads, n_rows * (t + 1) // n_threads)
-
-
-@jit
-def sort_runs_range(values, items, near, order, r0, r1):
-    n = values.shape[1]
-    for r in range(r0, r1):
-        for j in range(n):
-            order[r, j] = j
-        j = 0
-        while j < n:
-            if not near[r, j]:
-                j += 1
-                continue
-            start = j
-            while j < n and near[r, j]:
-                j += 1
-            for a in range(start + 1, j):  # insertion sort of the run by (value, item)
-                moving = order[r, a]
-                b = a
-                while b > start and (
-                    values[r, moving] < values[r, order[r, b - 1]]
-                    or (
-                        values[r, moving] == values[r, order[r, b - 1]] and items[r, moving] < items[r, order[r, b - 1]]
-                    )
-                ):
-                    order[r, b] = order[r, b - 1]
-                    b -= 1
-                order[r, b] = moving
-
-
-@pjit
-def clear_uniform_runs(near, relevant, n_threads):
-    n_rows = near.shape[0]
-    for t in prange(n_threads):
-        clear_uniform_runs_range(near, relevant, n_rows * t // n_threads, n_rows * (t + 1) // n_threads)
-
-
-@jit
-def clear_uniform_runs_range(near, relevant, r0, r1):
-    n = near.shape[1]
-    for r in range(r0, r1):
-        j = 0
-        while j < n:
-            if not near[r, j]:
-                j += 1
-                continue
-            start, found = j, 0
-            while j < n and near[r, j]:
-                found += relevant[r, j]
-                j += 1
-            if found == 0 or found == j - start:
-                near[r, start:j] = False

@@ -11,19 +11,33 @@ Two per-row passes around the float64 recomputation of the near ties:
 
 When only the relevance of each rank counts, :func:`mixed_runs` keeps the flags of the runs that hold
 both relevant and irrelevant items: any order of the other runs gives every rank the same relevance.
+:func:`ranked_columns` then reads the first K columns in their final order, with their distances.
 
 The torch equivalent (two full sorts and several (rows, candidates) temporaries) is the fallback.
 """
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import numpy as np
 import torch
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._search.compiled.buffer import kernel_threads, load_kernels
+from torchmetrics_retrieval.functional._search.compiled.buffer import kernel_threads
 
-__all__ = ["mixed_runs", "order_runs", "sort_by_key"]
+__all__ = ["mixed_runs", "order_runs", "ranked_columns", "sort_by_key"]
+
+#: The distances :func:`ranked_columns` computes from keys, as the kernels number them.
+_MODES = {"dot": 0, "cosine": 1, "sqeuclidean": 2, "euclidean": 3}
+
+
+def load_kernels() -> ModuleType:
+    """The compiled kernels (:mod:`.order_kernels`, imported on first use: importing this module never loads
+    numba)."""
+    from torchmetrics_retrieval.functional._search.compiled import order_kernels
+
+    return order_kernels
 
 
 def sort_by_key(keys: Tensor, items: Tensor, gap: Tensor, near_limit: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -73,3 +87,32 @@ def mixed_runs(near: Tensor, relevant: Tensor) -> Tensor:
     mixed = near.numpy().copy()
     load_kernels().clear_uniform_runs(mixed, relevant.contiguous().numpy(), kernel_threads())
     return torch.from_numpy(mixed)
+
+
+def ranked_columns(
+    keys: Tensor, items: Tensor, near: Tensor, values: Tensor, order: Tensor, query_sq: Tensor, distance: str
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The first ``order.shape[1]`` candidates of each row in the order ``order`` (:func:`order_runs`, cut), in one
+    pass.
+
+    Args:
+        keys: ``(R, n)`` float32 sorted stage-1 keys (+inf: an empty slot); ``items`` their int64 gallery positions;
+            ``near`` their flags; ``values`` ``(R, n)`` the recomputed distances of the near entries.
+        order: ``(R, k)`` int64 column of each rank.
+        query_sq: ``(R,)`` float64 squared norms of the queries (read for the L2 distances).
+        distance: the problem's distance, which maps a key to its distance.
+
+    Returns:
+        ``(distances (R, k) in the dtype of values, items (R, k) int64, valid (R, k) bool, recomputed (R, k) bool)``:
+        a valid entry's distance is its recomputed value when it is near, else the distance of its key (as
+        ``certify`` maps keys, in float64, then rounded); an invalid one has distance +inf and item 0.
+    """
+    shape = order.shape
+    distances = np.empty(shape, dtype=values.numpy().dtype)
+    chosen, valid, recomputed = np.empty(shape, np.int64), np.empty(shape, np.bool_), np.empty(shape, np.bool_)
+    load_kernels().ranked_columns(
+        keys.contiguous().numpy(), items.contiguous().numpy(), near.contiguous().numpy(), values.contiguous().numpy(),
+        order.contiguous().numpy(), query_sq.contiguous().numpy(), _MODES[distance],
+        distances, chosen, valid, recomputed, kernel_threads(),
+    )  # fmt: skip
+    return tuple(torch.from_numpy(a) for a in (distances, chosen, valid, recomputed))  # type: ignore[return-value]
