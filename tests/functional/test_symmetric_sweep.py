@@ -93,6 +93,31 @@ def test_candidates_are_the_best_keys_below_each_floor(
     assert (sweep.dropped > 0) == (spills in ("some dropped", "dropped"))
 
 
+@pytest.mark.parametrize(("group_rows", "spill_bytes"), [(256, 2**22), (300, 60_000), (512, 20_000)])
+def test_the_spill_scans_give_the_same_candidates_on_any_number_of_threads(group_rows: int, spill_bytes: int) -> None:
+    # Many exact ties: a spill listed in another order, or cut at another row, would change which tied keys
+    # a full buffer keeps. More than one thread takes the counted, row-parallel scan; one thread the plain one.
+    _, left, right = integer_rows(3000, seed=4)
+    results = []
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            sweep = Recorder(
+                product_keys(left, right), 3000, 9, mask_self, rows_per_chunk=128, cols_per_block=384,
+                spill_bytes=spill_bytes, group_rows=group_rows,
+            )  # fmt: skip
+            results.append((sweep.take(0, 3000), sweep.kept, sweep.dropped))
+    finally:
+        torch.set_num_threads(before)
+    (first, kept, dropped), *others = results
+    assert kept + dropped > 0  # the spill scans ran
+    for result, other_kept, other_dropped in others:
+        assert result is not None and first is not None
+        assert all(torch.equal(a, b) for a, b in zip(first, result, strict=True))
+        assert (other_kept, other_dropped) == (kept, dropped)
+
+
 def test_only_the_next_rows_can_be_taken() -> None:
     _, left, right = integer_rows(1000, seed=2)
     sweep = SymmetricSweep(

@@ -191,13 +191,20 @@ class SymmetricSweep:
         """Scan a block for its rows and spill its columns; when the lists would outgrow the budget, drop
         the group's whole spill and finish the block for its rows only."""
         values = block.detach().contiguous().numpy()
-        buffer.passing = marks(buffer.passing, 1, values.shape[1])
+        n_threads = kernel_threads()
+        buffer.passing = marks(buffer.passing, n_threads, values.shape[1])
         column_tau = self.column_tau[col0 : col0 + values.shape[1]]
-        state = (buffer.keys, buffer.items, buffer.fill, buffer.tau, self.kp, buffer.passing[0], column_tau)
+        # one thread: the plain scan; more: the same lists from row ranges, after a pass counting each row's entries
+        scan, passing = (
+            (self.kernels.scan_spill, buffer.passing[0])
+            if n_threads == 1
+            else (self.kernels.scan_spill_rows, buffer.passing[:n_threads])
+        )
+        state = (buffer.keys, buffer.items, buffer.fill, buffer.tau, self.kp, passing, column_tau)
         done = 0
         while True:
             part = values[done:]
-            scanned, count = self.kernels.scan_spill(part, local.start + done, row0 + done, col0, *state, spill, count)
+            scanned, count = scan(part, local.start + done, row0 + done, col0, *state, spill, count)
             done += scanned
             if done == values.shape[0]:
                 return spill, count

@@ -227,6 +227,48 @@ def scan_spill(block, row0, item0, col0, keys, items, fill, tau, kp, passing, co
     return block.shape[0], count
 
 
+@pjit
+def scan_spill_rows(block, row0, item0, col0, keys, items, fill, tau, kp, passing, column_tau, spill, count):
+    # ``scan_spill`` by ``n_threads = len(passing)`` threads over row ranges, with the very same result: the
+    # column entries of each row are counted first, so that every row knows where its entries go in the lists
+    # (in row order, as one thread lists them) and where a serial scan would stop.
+    n_threads, (n_rows, n_cols) = passing.shape[0], block.shape
+    ends = np.empty(n_rows, np.int64)
+    for t in prange(n_threads):
+        for a in range(n_rows * t // n_threads, n_rows * (t + 1) // n_threads):
+            line, found = block[a], 0
+            for b in range(n_cols):
+                found += line[b] < column_tau[b]
+            ends[a] = found
+    stop, end = n_rows, count
+    for a in range(n_rows):
+        if end + n_cols > spill[0].shape[0]:
+            stop = a
+            break
+        end += ends[a]
+        ends[a] = end
+    for t in prange(n_threads):
+        a0, a1 = min(stop, n_rows * t // n_threads), min(stop, n_rows * (t + 1) // n_threads)
+        if a0 < a1:
+            start = count if a0 == 0 else ends[a0 - 1]
+            scan_spill(
+                block[a0:a1],
+                row0 + a0,
+                item0 + a0,
+                col0,
+                keys,
+                items,
+                fill,
+                tau,
+                kp,
+                passing[t],
+                column_tau,
+                spill,
+                start,
+            )
+    return stop, end
+
+
 @jit
 def group_spill(spill, count, base, n_targets):
     # The listed entries grouped by column query (a counting sort): CSR offsets over the queries
