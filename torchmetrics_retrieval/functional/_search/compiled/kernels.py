@@ -251,21 +251,8 @@ def scan_spill_rows(block, row0, item0, col0, keys, items, fill, tau, kp, passin
         a0, a1 = min(stop, n_rows * t // n_threads), min(stop, n_rows * (t + 1) // n_threads)
         if a0 < a1:
             start = count if a0 == 0 else ends[a0 - 1]
-            scan_spill(
-                block[a0:a1],
-                row0 + a0,
-                item0 + a0,
-                col0,
-                keys,
-                items,
-                fill,
-                tau,
-                kp,
-                passing[t],
-                column_tau,
-                spill,
-                start,
-            )
+            state = (keys, items, fill, tau, kp, passing[t], column_tau, spill)
+            scan_spill(block[a0:a1], row0 + a0, item0 + a0, col0, *state, start)
     return stop, end
 
 
