@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from torchmetrics_retrieval.functional import search as search_module
 from torchmetrics_retrieval.functional._search import plan, torch_stage
+from torchmetrics_retrieval.functional._search.compiled.buffer import load_kernels
 from torchmetrics_retrieval.functional._search.stream_topk import product_keys
 from torchmetrics_retrieval.functional._search.symmetric_sweep import SymmetricSweep, window_groups
 from torchmetrics_retrieval.functional.search import knn
@@ -116,6 +118,19 @@ def test_the_spill_scans_give_the_same_candidates_on_any_number_of_threads(group
         assert result is not None and first is not None
         assert all(torch.equal(a, b) for a, b in zip(first, result, strict=True))
         assert (other_kept, other_dropped) == (kept, dropped)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_spilled_entries_are_grouped_by_query_in_their_listed_order(n_threads: int) -> None:
+    rng = np.random.default_rng(5)
+    count, base, n_targets = 1000, 700, 50  # the lists hold more slots than entries
+    targets = np.concatenate([rng.integers(base, base + n_targets, count), np.zeros(24)]).astype(np.int32)
+    sources = rng.integers(0, 10**6, count + 24).astype(np.int32)
+    values = rng.random(count + 24).astype(np.float32)
+    offsets, items, keys = load_kernels().group_spill((targets, sources, values), count, base, n_targets, n_threads)
+    order = np.argsort(targets[:count], kind="stable")  # by query, each query's entries in listed order
+    assert np.array_equal(offsets, np.searchsorted(targets[:count][order], np.arange(base, base + n_targets + 1)))
+    assert np.array_equal(items, sources[:count][order]) and np.array_equal(keys, values[:count][order])
 
 
 def test_only_the_next_rows_can_be_taken() -> None:

@@ -217,7 +217,7 @@ class SymmetricSweep:
 
     def _keep_spill(self, group: int, targets: range, spill: Spill, count: int, start: int, stop: int) -> None:
         """Group the listed entries by query and file them under each target group."""
-        offsets, items, keys = self.kernels.group_spill(spill, count, start, stop - start)
+        offsets, items, keys = self.kernels.group_spill(spill, count, start, stop - start, kernel_threads())
         for target in targets:
             t0, t1 = self._bounds(target)
             lo, hi = offsets[t0 - start], offsets[t1 - start]

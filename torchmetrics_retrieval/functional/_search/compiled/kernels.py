@@ -256,22 +256,30 @@ def scan_spill_rows(block, row0, item0, col0, keys, items, fill, tau, kp, passin
     return stop, end
 
 
-@jit
-def group_spill(spill, count, base, n_targets):
-    # The listed entries grouped by column query (a counting sort): CSR offsets over the queries
-    # ``base .. base + n_targets - 1``, and the items and keys in that order.
+@pjit
+def group_spill(spill, count, base, n_targets, n_threads):
+    # The listed entries grouped by column query (a stable counting sort): CSR offsets over the queries
+    # ``base .. base + n_targets - 1``, and the items and keys in that order. Each thread counts, then places, a
+    # range of the entries; a query's entries from an earlier range go first, so the order is the one a single
+    # pass gives.
     targets, sources, values = spill
+    counts = np.zeros((n_threads, n_targets), np.int64)
+    for t in prange(n_threads):
+        for e in range(count * t // n_threads, count * (t + 1) // n_threads):
+            counts[t, targets[e] - base] += 1
     offsets = np.zeros(n_targets + 1, np.int64)
-    for e in range(count):
-        offsets[targets[e] - base + 1] += 1
-    for t in range(n_targets):
-        offsets[t + 1] += offsets[t]
-    slot = offsets[:-1].copy()
+    for target in range(n_targets):  # counts[t, target] becomes thread t's first slot for the query
+        slot = offsets[target]
+        for t in range(n_threads):
+            slot, counts[t, target] = slot + counts[t, target], slot
+        offsets[target + 1] = slot
     grouped_sources, grouped_values = np.empty(count, np.int32), np.empty(count, np.float32)
-    for e in range(count):
-        t = targets[e] - base
-        grouped_sources[slot[t]], grouped_values[slot[t]] = sources[e], values[e]
-        slot[t] += 1
+    for t in prange(n_threads):
+        slots = counts[t]
+        for e in range(count * t // n_threads, count * (t + 1) // n_threads):
+            target = targets[e] - base
+            grouped_sources[slots[target]], grouped_values[slots[target]] = sources[e], values[e]
+            slots[target] += 1
     return offsets, grouped_sources, grouped_values
 
 
