@@ -32,6 +32,7 @@ from torchmetrics_retrieval.functional._progress import advance, section
 from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional._search.blocks import block_sides
 from torchmetrics_retrieval.functional._search.certify import canonical_distances
+from torchmetrics_retrieval.functional._search.compiled import DISTANCE_CODES
 from torchmetrics_retrieval.functional._search.problem import Problem, make_problem
 from torchmetrics_retrieval.functional._search.stream_topk import BlockMemory
 from torchmetrics_retrieval.functional._sets import QueryGallery
@@ -39,7 +40,6 @@ from torchmetrics_retrieval.functional.relevance import LabelComparisonFn, _dens
 
 __all__ = ["nan_without_pairs", "place_negatives", "positive_distances", "roc_auc_of_pairs"]
 
-_MODES = {"dot": 0, "cosine": 1, "sqeuclidean": 2, "euclidean": 3}
 #: Lookup-table buckets over the positive distances (one per positive at most; 4 MiB of int32 at most). A negative
 #: in a bucket without a positive reads nothing else; in a crowded one, a binary search over the positives. The
 #: kernel reads the table in a loop of its own, where the reads overlap, so a finer table that misses L2 still pays:
@@ -189,7 +189,7 @@ def _compiled_block(
     q_sq, g_sq = problem.query_sq64[rs], problem.gallery_sq64[cs]
     args = (
         dots.numpy(), q_sq.numpy(), g_sq.numpy(), ieee_sqrt(q_sq).numpy(), ieee_sqrt(g_sq).numpy(),
-        _MODES[problem.distance], 1.01 * problem.query64.shape[1] * 2.0**-53, cs.start, own[rs].numpy(),
+        DISTANCE_CODES[problem.distance], 1.01 * problem.query64.shape[1] * 2.0**-53, cs.start, own[rs].numpy(),
         np.ones((1, dots.shape[1]), dtype=np.bool_) if mask is None else mask.numpy(),
         ids[0][rs].numpy(), ids[1][cs].numpy(),
     )  # fmt: skip

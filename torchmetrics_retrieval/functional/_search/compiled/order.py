@@ -24,12 +24,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from torchmetrics_retrieval.functional._search.compiled import DISTANCE_CODES
 from torchmetrics_retrieval.functional._search.compiled.buffer import kernel_threads
 
 __all__ = ["mixed_runs", "order_runs", "ranked_columns", "sort_by_key"]
-
-#: The distances :func:`ranked_columns` computes from keys, as the kernels number them.
-_MODES = {"dot": 0, "cosine": 1, "sqeuclidean": 2, "euclidean": 3}
 
 
 def load_kernels() -> ModuleType:
@@ -112,7 +110,7 @@ def ranked_columns(
     chosen, valid, recomputed = np.empty(shape, np.int64), np.empty(shape, np.bool_), np.empty(shape, np.bool_)
     load_kernels().ranked_columns(
         keys.contiguous().numpy(), items.contiguous().numpy(), near.contiguous().numpy(), values.contiguous().numpy(),
-        order.contiguous().numpy(), query_sq.contiguous().numpy(), _MODES[distance],
+        order.contiguous().numpy(), query_sq.contiguous().numpy(), DISTANCE_CODES[distance],
         distances, chosen, valid, recomputed, kernel_threads(),
     )  # fmt: skip
     return tuple(torch.from_numpy(a) for a in (distances, chosen, valid, recomputed))  # type: ignore[return-value]
