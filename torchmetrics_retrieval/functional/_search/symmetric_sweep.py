@@ -28,6 +28,7 @@ from torchmetrics_retrieval.functional._search.compiled.buffer import (
     CompiledBuffer,
     kernel_threads,
     load_kernels,
+    mapped_empty,
     marks,
 )
 from torchmetrics_retrieval.functional._search.stream_topk import KeyFn, MaskFn, sample_thresholds
@@ -116,7 +117,8 @@ class SymmetricSweep:
         self.kernels = load_kernels()
         self.width = 2 * kp  # a row ends with about 1.6 kp entries: it rarely needs a compaction
         # one buffer serves every group in turn
-        self.memory = np.empty((group_rows, self.width), np.float32), np.empty((group_rows, self.width), np.int32)
+        shape = (group_rows, self.width)
+        self.memory = mapped_empty(shape, np.float32), mapped_empty(shape, np.int32)
 
     def take(self, start: int, stop: int) -> tuple[Tensor, Tensor, Tensor] | None:
         """``(keys, positions, floors)`` of the queries ``start .. stop - 1`` as ``stream_topk_symmetric``

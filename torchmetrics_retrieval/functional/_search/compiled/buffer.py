@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["CompiledBuffer", "kernel_threads", "load_kernels", "marks"]
+__all__ = ["CompiledBuffer", "kernel_threads", "load_kernels", "mapped_empty", "marks"]
 
 
 def load_kernels() -> ModuleType:
@@ -48,6 +48,21 @@ def kernel_threads() -> int:
     return n_threads
 
 
+def mapped_empty(shape: tuple[int, ...], dtype: type[np.generic]) -> np.ndarray:
+    """``np.empty(shape, dtype)`` with its memory mapped now, by one write per 4 KiB page in order.
+
+    The kernels write a buffer's rows in scattered order from every thread, and memory the process touches
+    first that way costs far more than this pass: at N = 30k, K = 299, two threads, the scans took 0.55-0.65 s
+    on fresh buffers and 0.23-0.27 s on buffers mapped beforehand (about 25 ms for this pass).
+
+    >>> mapped_empty((3, 2048), np.int32).shape
+    (3, 2048)
+    """
+    array: np.ndarray = np.empty(shape, dtype)
+    array.reshape(-1)[:: max(1, 4096 // array.itemsize)] = 0
+    return array
+
+
 def marks(passing: np.ndarray, n_threads: int, n_cols: int) -> np.ndarray:
     """Per-thread mark rows of at least ``n_cols`` entries in whole 8-byte words (``passing`` when it fits)."""
     if passing.shape[0] >= n_threads and passing.shape[1] >= n_cols:
@@ -68,7 +83,7 @@ class CompiledBuffer:
         self.kp = kp
         n_rows = tau.shape[0]
         if memory is None:
-            memory = np.empty((n_rows, width), dtype=np.float32), np.empty((n_rows, width), dtype=np.int32)
+            memory = mapped_empty((n_rows, width), np.float32), mapped_empty((n_rows, width), np.int32)
         self.keys, self.items = memory[0][:n_rows, :width], memory[1][:n_rows, :width]
         self.fill = np.zeros(n_rows, dtype=np.int64)
         self.tau = tau.to(torch.float32).numpy().copy()
