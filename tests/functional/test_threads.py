@@ -82,17 +82,29 @@ def test_one_two_and_three_threads_give_identical_results(tmp_path: Path, compil
         assert_identical(run(threads, compiled, tmp_path), one, f"{threads} threads")
 
 
-def test_the_compiled_kernels_leave_torch_thread_count_alone() -> None:
-    # Starting numba's OpenMP pool resets the process's OpenMP thread count, which torch reads as its own.
+@pytest.mark.parametrize(
+    "call",
+    [
+        "F.knn(x, k=5)",
+        # the pair passes start with a sample of their pairs, which runs a kernel of its own
+        "F.fnmr_at_fmr(x, labels, fmr_vals=(0.1,), eer=True, chunk_size=64)",
+        "F.fnmr_at_fmr(x, labels, fmr_vals=(), roc_auc=True)",
+        "F.retrieval_metrics(x, labels, map_full=True)",
+    ],
+)
+def test_the_compiled_kernels_keep_to_torch_thread_count_and_leave_it_alone(call: str) -> None:
+    # Starting numba's OpenMP pool resets the process's OpenMP thread count, which torch reads as its own: the
+    # first kernel of a fresh process must not start it on every core.
     code = (
-        "import torch\n"
+        "import numba, torch\n"
         "torch.set_num_threads(1)\n"
         "import torchmetrics_retrieval.functional as F\n"
         "from torchmetrics_retrieval.functional._search import plan\n"
+        "x, labels = torch.randn(600, 8), torch.arange(600) % 30\n"
         "with plan.force_compiled(True):\n"
-        "    F.knn(torch.randn(500, 8), k=5)\n"
-        "print(torch.get_num_threads())\n"
+        f"    {call}\n"
+        "print(torch.get_num_threads(), numba.get_num_threads())\n"
     )
     env = {**os.environ, "NUMBA_NUM_THREADS": "2"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "1"
+    assert out.split() == ["1", "1"]

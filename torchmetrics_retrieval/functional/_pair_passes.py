@@ -42,8 +42,14 @@ _LISTED_POSITIVES = 2**22
 
 
 def _pair_kernels() -> Any:
-    """The compiled pair kernels (importing them imports numba: on first use only)."""
-    return importlib.import_module("torchmetrics_retrieval.functional._search.compiled.pair_kernels")
+    """The compiled pair kernels (importing them imports numba: on first use only), their thread count set from
+    torch's (``kernel_threads``): a first parallel call before that would start numba's pool on every core and
+    leave torch's own count raised to match."""
+    from torchmetrics_retrieval.functional._search.compiled.buffer import kernel_threads
+
+    kernels = importlib.import_module("torchmetrics_retrieval.functional._search.compiled.pair_kernels")
+    kernel_threads()
+    return kernels
 
 
 class PairPasses:
@@ -189,10 +195,7 @@ class PairPasses:
         return self._wanted(buckets, wanted_ids[: 2 * _pair_quantiles.N_BUCKETS].numpy())
 
     def _wanted(self, buckets: PairBuckets, wanted: np.ndarray) -> Iterator[tuple[Tensor, Tensor]]:
-        from torchmetrics_retrieval.functional._search.compiled.buffer import kernel_threads
-
         pair_kernels = _pair_kernels()
-        kernel_threads()
         empty = True
         for block, mask in self._blocks():
             # the two orientations of a mirrored block hold the same distances with the same signs
