@@ -386,16 +386,35 @@ def test_query_chunks_keep_only_per_query_values(monkeypatch: pytest.MonkeyPatch
     whole, _ = retrieval_metrics(x, y, sequence_ids=seq, return_per_query=True, **extra, **SEARCHED)
     monkeypatch.setattr(_per_query, "NEIGHBOUR_TABLE_BYTES", 2000)  # a few queries per chunk
     monkeypatch.setattr(_per_query, "symmetric_search_fits", lambda n, k: False)
-    chunks = []
+    chunks: list[int] = []
+    tables: list[torch.Tensor] = []
     search = _per_query._search
 
     def counting(*args: Any, **kwargs: Any) -> Callable[[torch.Tensor], Any]:
         prepared = search(*args, **kwargs)
-        return lambda rows: chunks.append(rows.numel()) or prepared(rows)
+
+        def chunk(rows: torch.Tensor) -> Any:
+            chunks.append(rows.numel())
+            found = prepared(rows)
+            tables.extend(found)  # held here, so that no later tensor takes their memory
+            return found
+
+        return chunk
 
     monkeypatch.setattr(_per_query, "_search", counting)
+    joined = _per_query._joined
+    held: list[bool] = []
+
+    def owning(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        # a chunk's value that is a view of its (rows, K) neighbour table would keep the whole table alive
+        table_memory = {t.untyped_storage().data_ptr() for t in tables}
+        held.extend(v.untyped_storage().data_ptr() in table_memory for p in parts for v in p.values())
+        return joined(parts)
+
+    monkeypatch.setattr(_per_query, "_joined", owning)
     chunked = retrieval_metrics(x, y, sequence_ids=seq, **extra, **SEARCHED)
     assert len(chunks) > 5
+    assert held and not any(held)
     assert {k: v.item() for k, v in chunked.items()} == pytest.approx({k: v.item() for k, v in whole.items()})
 
 

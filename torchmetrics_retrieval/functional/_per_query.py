@@ -184,7 +184,8 @@ def _chunked(
             qg.query_labels[rows], qg.gallery_labels, part.indices, part.valid, options.label_comparison_fn
         )
         values = _ranking_values(options, hits, n_relevant[rows], n_candidates[rows])
-        values[_NEAREST], values[_NEAREST_HIT] = part.indices[:, 0], hits[:, 0] & part.valid[:, 0]
+        # a copy: the column as a view would keep the chunk's whole (rows, K) table alive until the end
+        values[_NEAREST], values[_NEAREST_HIT] = part.indices[:, 0].clone(), hits[:, 0] & part.valid[:, 0]
         parts.append(values)
     return _joined(parts)
 
