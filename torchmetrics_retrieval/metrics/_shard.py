@@ -43,13 +43,8 @@ from torchmetrics_retrieval.functional.reduction import _apply_empty_target_acti
 from torchmetrics_retrieval.functional.relevance import _relevance_matrix_compute
 from torchmetrics_retrieval.functional.retrieval import reduce_per_query
 from torchmetrics_retrieval.metrics._shard_full_ranking import ShardedRanks
-from torchmetrics_retrieval.metrics._shard_search import (
-    ShardedSet,
-    gather,
-    one_sided_top_k,
-    symmetric_fits,
-    symmetric_top_k,
-)
+from torchmetrics_retrieval.metrics._shard_gather import gather, gather_rows
+from torchmetrics_retrieval.metrics._shard_search import ShardedSet, one_sided_top_k, symmetric_fits, symmetric_top_k
 from torchmetrics_retrieval.metrics._state import _concat, _layout, _templates, deduplicate, upcast_half
 
 __all__ = [
@@ -91,8 +86,8 @@ def global_rows(metric: Any, group: Any) -> tuple[Tensor, dict[str, Tensor | Non
     embeddings_name = metric._fields[0].name
     index_name = next((spec.name for spec in metric._fields if spec.kind == "indexes"), None)
     local = {spec.name: _concat(getattr(metric, spec.name)) for spec in metric._fields}
-    layouts = gather(_layout(local, metric._fields, metric.device), group)
-    templates = _templates(torch.stack([layout.to(metric.device) for layout in layouts]), metric._fields)
+    layouts = torch.stack(gather(_layout(local, metric._fields, metric.device), group))
+    templates = _templates(layouts, metric._fields)
     for spec in metric._fields:  # a rank without samples takes zero rows of the right shape and dtype
         template = templates[spec.name]
         if local[spec.name] is None and template is not None:
@@ -102,15 +97,11 @@ def global_rows(metric: Any, group: Any) -> tuple[Tensor, dict[str, Tensor | Non
             f"{metric.__class__.__name__}.compute() needs at least one sample, got none: call update() with a "
             "non-empty batch first (on at least one process)."
         )
-    n_local = local[embeddings_name].shape[0]  # type: ignore[union-attr]
-    counts = gather(torch.tensor([n_local], device=metric.device), group)
-    owner = torch.cat([torch.full((int(c),), r, device=metric.device) for r, c in enumerate(counts)])
-    row = torch.cat([torch.arange(int(c), device=metric.device) for c in counts])
-    small = {
-        spec.name: None if local[spec.name] is None else torch.cat(gather(local[spec.name], group))  # type: ignore[arg-type]
-        for spec in metric._fields
-        if spec.kind != "embeddings"
-    }
+    counts = layouts[:, 0, 0].tolist()  # the first field's rows: the embeddings'
+    owner = torch.cat([torch.full((c,), r, device=metric.device) for r, c in enumerate(counts)])
+    row = torch.cat([torch.arange(c, device=metric.device) for c in counts])
+    small: dict[str, Tensor | None] = {spec.name: None for spec in metric._fields if spec.kind != "embeddings"}
+    small.update(gather_rows({name: value for name in small if (value := local[name]) is not None}, group))
     indexes = small.pop(index_name) if index_name is not None else None
     small.update(_owner=owner, _row=row)
     if indexes is not None:
@@ -181,7 +172,7 @@ def sharded_ranking(shards: ShardedSet, options: RetrievalOptions) -> tuple[dict
         if options.map_full or options.minp:
             values.update(_full_ranking_values(qg, options, n_relevant[rows], ranks))
     table = {"_rows": rows, "_d": distances, "_i": items, "_v": valid, "_h": hits, **values}
-    gathered = {key: torch.cat(gather(value, group)) for key, value in table.items()}
+    gathered = gather_rows(table, group)
     order = torch.argsort(gathered.pop("_rows"))
     gathered = {key: value[order] for key, value in gathered.items()}
     distances, items, valid, hits = (gathered.pop(key) for key in ("_d", "_i", "_v", "_h"))

@@ -44,7 +44,8 @@ from torchmetrics_retrieval.functional._progress import section
 from torchmetrics_retrieval.functional._search.problem import Problem, make_problem
 from torchmetrics_retrieval.functional._sets import QueryGallery
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
-from torchmetrics_retrieval.metrics._shard_search import QUERY_BLOCK, ShardedSet, _restrict_gallery, gather
+from torchmetrics_retrieval.metrics._shard_gather import gather
+from torchmetrics_retrieval.metrics._shard_search import QUERY_BLOCK, ShardedSet, _restrict_gallery
 
 __all__ = ["sharded_roc_auc"]
 

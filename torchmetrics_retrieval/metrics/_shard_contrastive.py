@@ -42,7 +42,7 @@ from torchmetrics_retrieval.functional.contrastive import (
     _rounding_bound,
 )
 from torchmetrics_retrieval.metrics._shard import global_rows
-from torchmetrics_retrieval.metrics._shard_search import gather
+from torchmetrics_retrieval.metrics._shard_gather import gather
 from torchmetrics_retrieval.metrics._state import _concat
 
 __all__ = ["VISIT_BLOCK", "sharded_contrastive"]

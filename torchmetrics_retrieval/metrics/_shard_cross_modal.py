@@ -17,7 +17,8 @@ from torch import Tensor
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._sets import split_query_gallery
 from torchmetrics_retrieval.metrics._shard import check_rows, global_rows, sharded_ranking
-from torchmetrics_retrieval.metrics._shard_search import ShardedSet, gather
+from torchmetrics_retrieval.metrics._shard_gather import gather
+from torchmetrics_retrieval.metrics._shard_search import ShardedSet
 from torchmetrics_retrieval.metrics.cross_modal import check_same_dimension, missing_side
 
 __all__ = ["sharded_cross_modal"]

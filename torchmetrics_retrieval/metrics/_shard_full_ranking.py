@@ -46,7 +46,8 @@ from torchmetrics_retrieval.functional._full_ranking import _BUDGET_ENTRIES, _co
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._search.problem import Problem, make_problem
 from torchmetrics_retrieval.functional._sets import QueryGallery
-from torchmetrics_retrieval.metrics._shard_search import ShardedSet, _restrict_gallery, gather
+from torchmetrics_retrieval.metrics._shard_gather import gather
+from torchmetrics_retrieval.metrics._shard_search import ShardedSet, _restrict_gallery
 
 __all__ = ["ShardedRanks", "shard_counts", "shard_thresholds"]
 

@@ -53,7 +53,8 @@ from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
 from torchmetrics_retrieval.functional.verification import _bounds_of_norms, statistics_keys
 from torchmetrics_retrieval.metrics import _shard_auc
 from torchmetrics_retrieval.metrics._shard import global_problem
-from torchmetrics_retrieval.metrics._shard_search import ShardedSet, gather
+from torchmetrics_retrieval.metrics._shard_gather import gather
+from torchmetrics_retrieval.metrics._shard_search import ShardedSet
 
 __all__ = ["ShardedPairs", "sharded_pair_compute", "sharded_pair_metrics", "tiles"]
 

@@ -28,7 +28,6 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torchmetrics.utilities.distributed import gather_all_tensors
 
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._per_query import _search
@@ -38,6 +37,7 @@ from torchmetrics_retrieval.functional._search.problem import make_problem
 from torchmetrics_retrieval.functional._search.rounds import Search
 from torchmetrics_retrieval.functional._search.types import KNNResult
 from torchmetrics_retrieval.functional._sets import QueryGallery
+from torchmetrics_retrieval.metrics._shard_gather import gather
 
 __all__ = ["QUERY_BLOCK", "VISIT_ROWS", "ShardedSet", "one_sided_top_k", "symmetric_fits", "symmetric_top_k"]
 
@@ -60,11 +60,6 @@ class ShardedSet(NamedTuple):
     owner: Tensor  # the rank that holds each global row ...
     row: Tensor  # ... as its local row
     group: Any  # the process group
-
-
-def gather(tensor: Tensor, group: Any) -> list[Tensor]:
-    """Every rank's ``tensor`` (any first dimension), in rank order."""
-    return gather_all_tensors(tensor.contiguous(), group=group)
 
 
 def _restrict_gallery(qg: QueryGallery, rows: Tensor, gallery: Tensor) -> QueryGallery:
