@@ -84,4 +84,6 @@ def test_medians_take_each_ratio_within_its_round(bench: ModuleType) -> None:
     assert "| ours | 1 | 0.60 (0.50, 1.00, 0.60) |" in table
     assert "| ours | 2 | 0.50 (0.50, 0.50, 2.00) |" in table
     assert "| ours | 1 -> 2 speed-up | 2.00x (2.00, 4.00, 1.00) |" in table
+    # faiss from 1 to 2 threads: 2.0, 2.0, 3.33 -> ours' speed-ups over faiss's: 1.0, 2.0, 0.3 -> median 1.0
+    assert "| ours | speed-up / faiss's | 1.00 (1.00, 2.00, 0.30) |" in table
     assert "| faiss | 1 | 1.00 (1.00, 1.00, 1.00) |" in table
