@@ -112,7 +112,7 @@ def merge(candidates: Found, k: int) -> Found:
     # its 31 bits (``order_by_distance_then_position``)
     distances = distances.masked_fill(~valid, math.inf)
     items = items.masked_fill(~valid, torch.iinfo(torch.int32).max)
-    order = order_by_distance_then_position(distances, items)[:, :k]
+    order = order_by_distance_then_position(distances, items, k)
     return torch.gather(distances, 1, order), torch.gather(items, 1, order), torch.gather(valid, 1, order)
 
 
@@ -167,6 +167,9 @@ def _bipartite(
     """Exact top ``k`` of two disjoint sets of samples ``(rows, embeddings, caps)`` each against the other, from
     one bipartite symmetric pass: each sample's candidates within its cap (the K-th distance it already has;
     nothing beyond it can enter its top K); the items are global rows."""
+    if left[0].numel() > right[0].numel():  # the smaller side as the rows: the wide side fills the column blocks
+        found_right, found_left = _bipartite(qg, right, left, options, k)
+        return found_left, found_right
     rows = torch.cat([left[0], right[0]])
     sub = _subset(qg, rows, torch.cat([left[1], right[1]]))
     problem = make_problem(sub.query, sub.gallery, options.distance, sub.exclusions(), True, split=left[0].numel())

@@ -128,15 +128,20 @@ class Ranked(NamedTuple):
     certified: Tensor  # (R,) bool: provably the exact answer
 
 
-def order_by_distance_then_position(distances: Tensor, positions: Tensor) -> Tensor:
-    """Per row, the permutation sorting by (distance, position): one sort on a combined int64 key.
+def order_by_distance_then_position(distances: Tensor, positions: Tensor, k: int) -> Tensor:
+    """Per row, the first ``k`` columns of the permutation sorting by (distance, position).
 
-    Float32 distances take ``keys.order_key``; other dtypes two stable sorts.
+    Float32 distances take one sort on a combined int64 key (``keys.order_key``), or a top-k selection on it
+    when ``k`` is at most half the columns (about 1.5x faster when merging three lists of K); other dtypes two
+    stable sorts.
     """
     if distances.dtype == torch.float32 and positions.numel() and int(positions.max()) < 2**31:
-        return torch.argsort(order_key(distances, positions), dim=1)
+        key = order_key(distances, positions)
+        if 2 * k <= key.shape[1]:  # the keys are distinct, except +inf slots of one position: any order of those
+            return torch.topk(key, k, dim=1, largest=False, sorted=True).indices
+        return torch.argsort(key, dim=1)[:, :k]
     by_position = torch.argsort(positions, dim=1, stable=True)
-    return by_position.gather(1, torch.argsort(distances.gather(1, by_position), dim=1, stable=True))
+    return by_position.gather(1, torch.argsort(distances.gather(1, by_position), dim=1, stable=True))[:, :k]
 
 
 def rank(
@@ -172,7 +177,7 @@ def rank(
     else:
         values = _key_to_distance(problem, rows, keys).to(dtype).masked_fill_(~ok, float("inf"))
     values[pair_rows, slots] = canonical_distances(problem, rows, pair_rows, indices[pair_rows, slots]).to(dtype)
-    order = order_by_distance_then_position(values, torch.where(ok, indices, problem.gallery.shape[0]))[:, :k]
+    order = order_by_distance_then_position(values, torch.where(ok, indices, problem.gallery.shape[0]), k)
     valid = ok.gather(1, order)
     distances = values.gather(1, order).masked_fill_(~valid, float("inf"))
     chosen = indices.gather(1, order).masked_fill_(~valid, 0)
