@@ -44,3 +44,16 @@ def test_every_group_of_a_one_sided_search_takes_the_kernels(monkeypatch: pytest
     monkeypatch.setattr(stream_topk, "_new_buffer", spy)
     F.knn(query, gallery, k=5, backend="torch")
     assert len(chosen) > 2 and all(chosen)
+
+
+@pytest.mark.skipif(not plan.HAS_NUMBA, reason="the compiled kernels need numba")
+def test_a_share_of_a_large_search_takes_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plan, "MIN_PAIRS", 100 * 100)
+    cpu = torch.device("cpu")
+    assert not plan.use_compiled(cpu, 10, 10)
+    with plan.part_of(100, 100):  # e.g. one shard's searches of a sharded search over 100 samples
+        assert plan.use_compiled(cpu, 10, 10)
+        with plan.force_compiled(False):  # the tests' switch still decides
+            assert not plan.use_compiled(cpu, 10, 10)
+        assert not plan.use_compiled(torch.device("meta"), 10, 10)  # CPU only
+    assert not plan.use_compiled(cpu, 10, 10)

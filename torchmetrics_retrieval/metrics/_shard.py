@@ -35,6 +35,7 @@ from torchmetrics_retrieval.functional._per_query import (
     count_relevant,
     search_depth,
 )
+from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional._search.problem import make_problem
 from torchmetrics_retrieval.functional._search.types import Exclusions
 from torchmetrics_retrieval.functional._sets import split_query_gallery
@@ -160,7 +161,8 @@ def sharded_ranking(shards: ShardedSet, options: RetrievalOptions) -> tuple[dict
     n_candidates = qg.exclusions().count_eligible(n_query, n_gallery, local.device)
     k = min(search_depth(options, n_relevant), n_gallery)
     search = symmetric_top_k if symmetric_fits(shards, k, options) else one_sided_top_k
-    rows, distances, items, valid = search(shards, options, k)
+    with plan.part_of(n_query, n_gallery):  # the compiled kernels where one process would take them
+        rows, distances, items, valid = search(shards, options, k)
     hits = _relevance_matrix_compute(
         qg.query_labels[rows], qg.gallery_labels, items.clamp(max=n_gallery - 1), valid, options.label_comparison_fn
     )

@@ -19,6 +19,7 @@ __all__ = [
     "buffer_width",
     "candidates_per_query",
     "force_compiled",
+    "part_of",
     "resolve_backend",
     "symmetric_buffer_fits",
     "symmetric_search_fits",
@@ -104,6 +105,8 @@ HAS_NUMBA = importlib.util.find_spec("numba") is not None
 MIN_PAIRS = 2**26
 
 _forced: bool | None = None
+#: Pairs of the whole search that the searches in progress are parts of (``part_of``).
+_whole_pairs = 0
 
 
 def use_compiled(device: torch.device, n_query: int, n_gallery: int) -> bool:
@@ -111,7 +114,25 @@ def use_compiled(device: torch.device, n_query: int, n_gallery: int) -> bool:
     where that is decided (CPU only, numba present, large enough, positions stored as int32)."""
     if not (HAS_NUMBA and device.type == "cpu" and n_gallery < 2**31):
         return False
-    return _forced if _forced is not None else n_query * n_gallery >= MIN_PAIRS
+    return _forced if _forced is not None else max(n_query * n_gallery, _whole_pairs) >= MIN_PAIRS
+
+
+@contextlib.contextmanager
+def part_of(n_query: int, n_gallery: int) -> Iterator[None]:
+    """The searches inside the block are parts of one search of ``n_query`` x ``n_gallery`` (a shard's share of a
+    sharded search): the compiled kernels' size threshold applies to the whole, which loads them anyway.
+
+    Example:
+        >>> with part_of(10**5, 10**5):
+        ...     use_compiled(torch.device("cpu"), 100, 100) == HAS_NUMBA
+        True
+    """
+    global _whole_pairs
+    saved, _whole_pairs = _whole_pairs, n_query * n_gallery
+    try:
+        yield
+    finally:
+        _whole_pairs = saved
 
 
 @contextlib.contextmanager
