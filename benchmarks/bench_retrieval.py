@@ -9,7 +9,9 @@ the anchors, then how much faster each method ran with all cores than with one (
 thread and every core, the same data). With ``--rounds R`` all of that runs R times in turn for each (N, regime),
 then the median over the rounds of every ratio (each taken within its round), of every speed-up, and of each
 method's speed-up divided by faiss's in the same round: faiss alone moves by up to 2x between runs minutes apart on
-a shared machine, and its speed-up from 1 to 2 threads by 1.3-1.9x.
+a shared machine, and its speed-up from 1 to 2 threads by 1.3-1.9x. With ``--paired-threads`` one worker per
+method measures every thread count, the counts taking turns pass after pass, so each speed-up compares passes
+seconds apart.
 
 Methods (K = max(5, max n(q)): what our call needs for cmc@5/precision@5/map@5, map@r and r-precision):
 
@@ -32,6 +34,7 @@ Usage::
     python benchmarks/bench_retrieval.py --sizes 10000 30000 100000 --regimes per_class20 classes100 \\
         --oml-python /tmp/omlvenv/bin/python
     python benchmarks/bench_retrieval.py --sizes 20000 --methods faiss ours ours_map_full --rounds 3
+    python benchmarks/bench_retrieval.py --sizes 20000 30000 --methods faiss ours --paired-threads --rounds 5
     python benchmarks/bench_retrieval.py --profile --sizes 100000 --regimes classes100   # where our time goes
 """
 
@@ -235,6 +238,30 @@ def measure(method: str, n: int, regime: Regime, *, seed: int = 0, repeats: int 
     }
 
 
+def measure_paired(
+    method: str, n: int, regime: Regime, counts: Sequence[int], *, seed: int = 0, repeats: int = 2
+) -> list[dict[str, Any]]:
+    """:func:`measure` at every thread count of ``counts`` in one process, the counts taking turns pass after pass
+    (``--paired-threads``): a speed-up between two counts then compares passes seconds apart, not processes
+    minutes apart on a shared machine. ``peak_mib`` is the peak over all the passes."""
+    _import_for(method)
+    x, labels = clustered_embeddings(n, regime, seed=seed)
+    with _compiled_forced(method):
+        RUNNERS[method](x[: min(n, 1000)], labels[: min(n, 1000)])
+    can_reset = reset_peak_memory()
+    baseline, _ = memory_mib()
+    best = dict.fromkeys(counts, float("inf"))
+    for _ in range(repeats):
+        for threads in counts:
+            set_threads(threads)
+            seconds, values = best_of(lambda: RUNNERS[method](x, labels), 1)
+            best[threads] = min(best[threads], seconds)
+    _, peak = memory_mib()
+    common = {"method": method, "n": n, "regime": regime, "k": search_k(labels), "values": values}
+    common |= {"peak_mib": peak - baseline if can_reset else -1.0, "data_mib": x.numel() * x.element_size() / MIB}
+    return [{**common, "seconds": best[threads], "threads": threads} for threads in counts]
+
+
 def profile_ours(n: int, regime: Regime, *, seed: int = 0, top: int = 25) -> str:
     """cProfile of one warm call of ``retrieval_metrics``: the functions with the largest cumulative time."""
     x, labels = clustered_embeddings(n, regime, seed=seed)
@@ -253,11 +280,13 @@ def profile_ours(n: int, regime: Regime, *, seed: int = 0, top: int = 25) -> str
 
 
 def _run_worker(
-    python: str, method: str, n: int, regime: str, threads: int, args: argparse.Namespace
+    python: str, method: str, n: int, regime: str, threads: Sequence[int], args: argparse.Namespace
 ) -> dict[str, Any]:
-    """Run one measurement in a fresh interpreter; a failure becomes ``{"status": ...}``."""
+    """Run one measurement in a fresh interpreter (at every count of ``threads`` in turn with ``--paired-threads``,
+    the results under ``"paired"``); a failure becomes ``{"status": ...}``."""
     command = [python, str(Path(__file__).resolve()), "--worker", method, "--sizes", str(n), "--regimes", regime]
-    command += ["--seed", str(args.seed), "--repeats", str(args.repeats), "--threads", str(threads)]
+    command += ["--seed", str(args.seed), "--repeats", str(args.repeats), "--threads", *map(str, threads)]
+    command += ["--paired-threads"] if args.paired_threads else []
     timeout = args.timeout
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
@@ -268,7 +297,8 @@ def _run_worker(
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["?"])[-1]
         return {"method": method, "status": f"failed (exit {done.returncode}): {last[:80]}"}
-    return {"status": "ok", **json.loads(done.stdout.strip().splitlines()[-1])}
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"status": "ok", "paired": result} if isinstance(result, list) else {"status": "ok", **result}
 
 
 def _skip_reason(method: str, n: int, args: argparse.Namespace) -> str | None:
@@ -381,22 +411,31 @@ def run_all(args: argparse.Namespace) -> None:
                 print(f"N = {n}, {regime}, {args.rounds} rounds:\n" + format_medians(rounds) + "\n", flush=True)
 
 
+def _method_row(method: str, n: int, regime: str, counts: list[int], args: argparse.Namespace) -> dict[str, Any]:
+    """One worker's measurement of ``method`` (at every count of ``counts`` in turn when paired), or why not."""
+    reason = _skip_reason(method, n, args)
+    if reason is not None:
+        return {"method": method, "status": reason}
+    python = args.oml_python if method == "oml" else sys.executable
+    row = _run_worker(python, method, n, regime, counts, args)
+    done = [r["seconds"] for r in row["paired"]] if "paired" in row else row.get("seconds", row["status"])
+    print(f"  ... {n} {regime} {counts} threads {method}: {done}", flush=True)
+    return row
+
+
 def _one_round(
     n: int, regime: str, counts: list[int], args: argparse.Namespace
 ) -> dict[int, dict[str, dict[str, Any]]]:
     """Every method at every thread count once, in turn; the tables printed and returned."""
-    tables: dict[int, dict[str, dict[str, Any]]] = {}
-    for threads in dict.fromkeys(counts):
-        rows = tables.setdefault(threads, {})
-        for method in args.methods:
-            reason = _skip_reason(method, n, args)
-            if reason is not None:
-                rows[method] = {"method": method, "status": reason}
-                continue
-            python = args.oml_python if method == "oml" else sys.executable
-            rows[method] = _run_worker(python, method, n, regime, threads, args)
-            done = rows[method].get("seconds", rows[method]["status"])
-            print(f"  ... {n} {regime} {threads} threads {method}: {done}", flush=True)
+    tables: dict[int, dict[str, dict[str, Any]]] = {threads: {} for threads in dict.fromkeys(counts)}
+    for method in args.methods if args.paired_threads else []:
+        row = _method_row(method, n, regime, list(tables), args)
+        by_threads = {result["threads"]: {**result, "status": "ok"} for result in row.get("paired", [])}
+        for threads, rows in tables.items():
+            rows[method] = by_threads.get(threads, row)
+    for threads, rows in tables.items():
+        for method in [] if args.paired_threads else args.methods:
+            rows[method] = _method_row(method, n, regime, [threads], args)
         print(f"\n{threads} thread(s): " + format_table(n, regime, rows) + "\n", flush=True)
     if len(tables) > 1:
         print(format_scaling(tables) + "\n", flush=True)
@@ -416,6 +455,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--threads", type=int, nargs="+", default=None, help="CPU thread counts of torch and faiss (default: 1 and all)"
     )
+    parser.add_argument(
+        "--paired-threads",
+        action="store_true",
+        help="measure every thread count in one process per method, the counts taking turns pass after pass",
+    )
     parser.add_argument("--oml-python", default=None, help="interpreter with open-metric-learning installed")
     parser.add_argument("--skip-oml-above", type=int, default=30_000)
     parser.add_argument("--map-full-max", type=int, default=100_000, help="largest N of the map_full and FNMR@FMR rows")
@@ -429,7 +473,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     if args.threads is not None and (args.worker is not None or args.profile):
         set_threads(args.threads[0])
-    if args.worker is not None:
+    if args.worker is not None and args.paired_threads:
+        shape = (args.worker, args.sizes[0], args.regimes[0], args.threads or [1, os.cpu_count() or 1])
+        print(json.dumps(measure_paired(*shape, seed=args.seed, repeats=args.repeats)))
+    elif args.worker is not None:
         print(json.dumps(measure(args.worker, args.sizes[0], args.regimes[0], seed=args.seed, repeats=args.repeats)))
     elif args.profile:
         for n in args.sizes:

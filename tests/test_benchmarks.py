@@ -71,6 +71,16 @@ def test_command_line_runs_workers_in_subprocesses(bench: ModuleType, capsys: py
     assert "| ours |" in out and "failed" not in out
 
 
+@pytest.mark.slow
+def test_paired_threads_take_one_worker_per_method(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--sizes", "1000", "--regimes", "per_class20", "--methods", "faiss", "ours", "--threads", "1", "2"]
+    bench.main([*argv, "--paired-threads"])
+    out = capsys.readouterr().out
+    assert "1000 per_class20 [1, 2] threads ours" in out and "[1] threads" not in out
+    assert "1 thread(s): N = 1000" in out and "2 thread(s): N = 1000" in out
+    assert "| ours |" in out and "| speed-up |" in out and "failed" not in out
+
+
 def test_medians_take_each_ratio_within_its_round(bench: ModuleType) -> None:
     def rounds_of(faiss: float, ours: float, faiss2: float, ours2: float) -> dict[int, dict[str, dict[str, object]]]:
         return {
