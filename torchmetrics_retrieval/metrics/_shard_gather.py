@@ -85,5 +85,5 @@ def gather_rows(table: dict[str, Tensor], group: Any) -> dict[str, Tensor]:
         dist.all_gather(parts, block, group=group)
         whole = torch.cat([part[:count] for part, count in zip(parts, counts, strict=True)])
         for key, piece in zip(keys, whole.split(widths, dim=1), strict=True):
-            gathered[key] = piece.reshape(whole.shape[0], *table[key].shape[1:])
+            gathered[key] = piece.reshape(whole.shape[0], *table[key].shape[1:]).contiguous()
     return {key: gathered[key] for key in table}
