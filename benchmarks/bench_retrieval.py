@@ -209,33 +209,10 @@ def measure(method: str, n: int, regime: Regime, *, seed: int = 0, repeats: int 
     """Time ``method`` on the seeded data set (best of ``repeats``) and its peak RSS above the data.
 
     Returns:
-        ``{"method", "n", "regime", "k", "seconds", "peak_mib", "data_mib", "values"}``; ``peak_mib`` is
-        the peak RSS above the RSS once the data existed (over all repeats), -1 where it cannot be read.
+        ``{"method", "n", "regime", "k", "seconds", "peak_mib", "data_mib", "threads", "values"}``; ``peak_mib``
+        is the peak RSS above the RSS once the data existed (over all repeats), -1 where it cannot be read.
     """
-    if method not in RUNNERS:
-        raise ValueError(f"`method` must be one of {METHODS}, got {method!r}.")
-    _import_for(method)
-    x, labels = clustered_embeddings(n, regime, seed=seed)
-    # a small call first loads what a fresh process loads once (compiled kernels from their disk cache, taken on
-    # this small set only when forced): a single timed pass (``repeats=1``, for the largest N) then measures the
-    # call, not the start-up
-    with _compiled_forced(method):
-        RUNNERS[method](x[: min(n, 1000)], labels[: min(n, 1000)])
-    can_reset = reset_peak_memory()
-    baseline, _ = memory_mib()
-    seconds, values = best_of(lambda: RUNNERS[method](x, labels), repeats)
-    _, peak = memory_mib()
-    return {
-        "method": method,
-        "n": n,
-        "regime": regime,
-        "k": search_k(labels),
-        "seconds": seconds,
-        "peak_mib": peak - baseline if can_reset else -1.0,
-        "data_mib": x.numel() * x.element_size() / MIB,
-        "threads": torch.get_num_threads(),
-        "values": values,
-    }
+    return measure_paired(method, n, regime, [torch.get_num_threads()], seed=seed, repeats=repeats)[0]
 
 
 def measure_paired(
@@ -244,8 +221,13 @@ def measure_paired(
     """:func:`measure` at every thread count of ``counts`` in one process, the counts taking turns pass after pass
     (``--paired-threads``): a speed-up between two counts then compares passes seconds apart, not processes
     minutes apart on a shared machine. ``peak_mib`` is the peak over all the passes."""
+    if method not in RUNNERS:
+        raise ValueError(f"`method` must be one of {METHODS}, got {method!r}.")
     _import_for(method)
     x, labels = clustered_embeddings(n, regime, seed=seed)
+    # a small call first loads what a fresh process loads once (compiled kernels from their disk cache, taken on
+    # this small set only when forced): a single timed pass (``repeats=1``, for the largest N) then measures the
+    # call, not the start-up
     with _compiled_forced(method):
         RUNNERS[method](x[: min(n, 1000)], labels[: min(n, 1000)])
     can_reset = reset_peak_memory()
