@@ -3,11 +3,10 @@
 Each rank holds a DistributedSampler-like stride of the samples (``indexes`` given) and calls ``compute()`` on
 fresh metrics: the first call of a fresh process (it also loads the compiled kernels), then ``--later`` more (default
 1), what every later validation epoch costs; the fastest of those is reported. The time of a call is the slowest
-rank's; the CPU time the sum of every rank's (all
-threads of the process, gloo's included): what sharding adds in work, apart from how the machine shares its cores;
-the memory each rank's peak RSS during the first call above its RSS before it (the embeddings it already held are
-below that line). One process with one thread is the reference; the values of every run are checked identical
-to it. Usage::
+rank's; the CPU time the sum of every rank's (all threads of the process, gloo's included): what sharding adds in
+work, apart from how the machine shares its cores; the memory each rank's peak RSS during the first call above its
+RSS before it (the embeddings it already held are below that line). One process with one thread is the reference;
+the values of every run are checked identical to it. Usage::
 
     python benchmarks/bench_ddp.py --n 20000 60000
     python benchmarks/bench_ddp.py --n 20000 60000 --modes shard --rounds 3
