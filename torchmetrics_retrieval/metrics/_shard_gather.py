@@ -71,8 +71,11 @@ def gather_rows(table: dict[str, Tensor], group: Any) -> dict[str, Tensor]:
     if not table:
         return {}
     first = next(iter(table.values()))
-    n, device = first.shape[0], first.device
-    counts = [int(c) for c in gather(torch.tensor([n], device=device), group)]
+    n = first.shape[0]
+    count = torch.tensor([n], device=first.device)  # one element on every rank: a plain all-gather
+    every_count = [torch.empty_like(count) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(every_count, count, group=group)
+    counts = [int(c) for c in every_count]
     by_dtype: dict[torch.dtype, list[str]] = {}
     for key, value in table.items():
         by_dtype.setdefault(value.dtype, []).append(key)
