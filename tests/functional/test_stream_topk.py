@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -139,3 +140,23 @@ def test_without_numba_the_torch_buffer_serves(monkeypatch: pytest.MonkeyPatch) 
     result = knn(x, k=3, backend="torch", exact_distances=False)
     d = torch.cdist(x.double(), x.double()).fill_diagonal_(float("inf"))
     assert torch.equal(result.indices, torch.sort(d, dim=1, stable=True).indices[:, :3])
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 21, 40, 64, 65, 300])
+@pytest.mark.parametrize("kp", [1, 7, 21, 64])
+def test_compiled_row_sorts_put_the_smallest_codes_first(n: int, kp: int) -> None:
+    """The short-row insertion sort (whole or cut to the ``kp`` smallest) and the radix sort against numpy, on
+    codes with repeats and with the high bits shared, as a row's keys share them."""
+    pytest.importorskip("numba")
+    from torchmetrics_retrieval.functional._search.compiled.kernels import radix_sort, smallest_by_insertion
+
+    rng = np.random.default_rng(n * 100 + kp)
+    codes = (np.int64(3) << 55) + rng.integers(0, 2**40, n) // rng.integers(1, 4, n) * 2**12
+    codes[: n // 3] = codes[n // 3 : 2 * (n // 3)]  # repeated codes
+    whole = codes.copy()
+    radix_sort(whole, np.empty_like(whole), np.empty(256, np.int64))
+    assert whole.tolist() == sorted(codes.tolist())
+    front = codes.copy()
+    smallest_by_insertion(front, kp)  # kp may exceed n: then the whole row is sorted
+    kept = min(kp, n)
+    assert front[:kept].tolist() == sorted(codes.tolist())[:kept]

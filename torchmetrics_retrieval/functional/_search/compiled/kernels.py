@@ -16,6 +16,8 @@ from numba import prange
 jit = numba.njit(cache=True, nogil=True)
 #: Kernels parallel over rows (``prange``): the callers set numba's thread count from torch's (``buffer.threads``).
 pjit = numba.njit(cache=True, nogil=True, parallel=True)
+#: Rows of at most this many codes are sorted by insertion (:func:`radix_sort`).
+SHORT_ROW = 64
 
 
 @jit
@@ -33,9 +35,32 @@ def decode(code):
 
 
 @jit
+def smallest_by_insertion(codes, kp):
+    # The kp smallest codes, sorted, at the front (what follows them is left unspecified): an insertion sort
+    # that skips a code as soon as the front is full of smaller ones.
+    m = 0
+    for j in range(codes.shape[0]):
+        code = codes[j]
+        if m == kp:
+            if code >= codes[kp - 1]:
+                continue
+            i = kp - 2
+        else:
+            i, m = m - 1, m + 1
+        while i >= 0 and codes[i] > code:
+            codes[i + 1] = codes[i]
+            i -= 1
+        codes[i + 1] = code
+
+
+@jit
 def radix_sort(codes, scratch, counts):
     # Least-significant-digit radix sort of non-negative int64 codes, 8 bits per pass; digits that are
-    # the same in every code are skipped (a row's keys share their high bits).
+    # the same in every code are skipped (a row's keys share their high bits). A short row takes an
+    # insertion sort instead: each radix pass costs two sweeps of the 256 counts, whatever the length.
+    if codes.shape[0] <= SHORT_ROW:
+        smallest_by_insertion(codes, codes.shape[0])
+        return
     varying = 0
     for j in range(codes.shape[0]):
         varying |= codes[j] ^ codes[0]
@@ -324,7 +349,10 @@ def finish_rows(keys, items, fill, tau, kp, r0, r1):
         n, bits = fill[row], keys[row].view(np.int32)
         for j in range(n):
             codes[j] = encode(bits[j], items[row, j])
-        radix_sort(codes[:n], scratch[:n], counts)
+        if n <= SHORT_ROW:
+            smallest_by_insertion(codes[:n], kp)
+        else:
+            radix_sort(codes[:n], scratch[:n], counts)
         kept = min(n, kp)
         for j in range(kept):
             bits[j], items[row, j] = decode(codes[j])
