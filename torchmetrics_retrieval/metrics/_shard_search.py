@@ -12,8 +12,9 @@ gives the top K of one search over the whole set, bit for bit.
   owner. Each sample enters that pass capped at its K-th distance among the shards it has met so far (its own
   first; ``Problem.caps``): nothing farther can enter its top K, so the pass starts from those thresholds
   instead of a sample, and later rounds start lower. With an even ``P`` the two shards ``P / 2`` apart split
-  their rectangle in halves. So every rank does ``1 / P`` of the products and holds its own shard and two
-  visiting blocks (one searched, the next in flight).
+  their rectangle in halves. So every rank does ``1 / P`` of the products; it holds its own shard, the pass of its
+  own search, and bipartite passes of at most ``VISIT_ROWS`` of its rows against one visiting block, the next
+  block in flight.
 * :func:`one_sided_top_k` - queries and gallery apart (``is_query``/``is_gallery``): each rank's next block
   of queries is all-gathered and searched by every rank against its gallery shard.
 
@@ -180,6 +181,27 @@ def _bipartite(
     return tuple(t[:n_left] for t in table), tuple(t[n_left:] for t in table)  # type: ignore[return-value]
 
 
+def _bipartite_blocks(
+    qg: QueryGallery,
+    searched: tuple[Tensor, Tensor, Tensor],
+    visiting: tuple[Tensor, Tensor, Tensor],
+    options: RetrievalOptions,
+    k: int,
+) -> tuple[Found, Found]:
+    """:func:`_bipartite` of ``searched`` against one visiting block, ``VISIT_ROWS`` searched rows at a time: a
+    pass then holds two blocks of rows, whatever the size of the shard (the visitors' lists are merged)."""
+    parts = [_bipartite(qg, (searched[0][b], searched[1][b], searched[2][b]), visiting, options, k)
+             for b in _blocks(searched[0].numel())]  # fmt: skip
+    ours = _joined([part[0] for part in parts], dim=0)
+    return ours, parts[0][1] if len(parts) == 1 else merge(_joined([part[1] for part in parts], dim=1), k)
+
+
+def _joined(parts: list[Found], dim: int) -> Found:
+    """Candidate lists joined along ``dim``: 0 stacks rows, 1 puts lists of the same rows side by side."""
+    distances, items, valid = (torch.cat(column, dim=dim) for column in zip(*parts, strict=True))
+    return distances, items, valid
+
+
 def one_sided_top_k(shards: ShardedSet, options: RetrievalOptions, k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(query rows, distances, gallery rows, valid)``: the exact top ``k`` of this rank's queries (rows of
     ``shards.qg``), from rounds in which every rank's next block of queries visits every rank's gallery shard."""
@@ -257,11 +279,10 @@ def _visit(
         if not rows.numel():
             theirs.append(_empty(blocks[i].numel(), k, embeddings))
             continue
-        found_ours, found_theirs = _bipartite(qg, searched, (blocks[i], *block), options, k)
+        found_ours, found_theirs = _bipartite_blocks(qg, searched, (blocks[i], *block), options, k)
         ours.append(found_ours)
         theirs.append(found_theirs)
-    visitors = tuple(torch.cat(column) for column in zip(*theirs, strict=True)) if theirs else _empty(0, k, embeddings)
-    return ours, visitors  # type: ignore[return-value]
+    return ours, _joined(theirs, dim=0) if theirs else _empty(0, k, embeddings)
 
 
 def _swap_candidates(visitors: Found, peers: tuple[int, int], n_back: int, k: int, group: Any) -> Found:
