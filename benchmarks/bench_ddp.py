@@ -4,9 +4,11 @@ Each rank holds a DistributedSampler-like stride of the samples (``indexes`` giv
 fresh metrics: the first call of a fresh process (it also loads the compiled kernels), then ``--later`` more (default
 1), what every later validation epoch costs; the fastest of those is reported. The time of a call is the slowest
 rank's; the CPU time the sum of every rank's (all threads of the process, gloo's included): what sharding adds in
-work, apart from how the machine shares its cores; the memory each rank's peak RSS during the first call above its
-RSS before it (the embeddings it already held are below that line). One process with one thread is the reference;
-the values of every run are checked identical to it. Usage::
+work, apart from how the machine shares its cores. The memory is the working memory of one more, untimed call: each
+rank's peak RSS during it above its RSS before it (the embeddings it holds are below that line), the largest rank's,
+with every allocation from 1 MiB on mapped by itself so that RSS follows live memory (``follow_live_memory``; a
+first call would also count the compiled kernels it loads). One process with one thread is the reference; the
+values of every run are checked identical to it. Usage::
 
     python benchmarks/bench_ddp.py --n 20000 60000
     python benchmarks/bench_ddp.py --n 20000 60000 --modes shard --rounds 3
@@ -31,7 +33,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _common import clustered_embeddings, memory_mib, reset_peak_memory
+from _common import clustered_embeddings, follow_live_memory, memory_mib, reset_peak_memory
 
 from torchmetrics_retrieval import EmbeddingMetrics
 
@@ -51,23 +53,23 @@ def _rank(rank: int, world: int, port: int, n: int, mode: Literal["shard", "gath
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     rows = torch.arange(rank, n, world)
     x, labels = x[rows], labels[rows]
-    seconds, cpu, mib = [], [], []
-    for _ in range(1 + later):
+    seconds, cpu = [], []
+    for call in range(2 + later):  # the last call measures the memory (RSS made to follow live memory), untimed
         metric = EmbeddingMetrics(**OPTIONS, distributed=mode)
         metric.update(x, labels, indexes=rows)
+        if call == 1 + later:
+            follow_live_memory()
+            can_reset = reset_peak_memory()
         if world > 1:
             dist.barrier()
-        can_reset = reset_peak_memory()
         base, _ = memory_mib()
         start, start_cpu = time.perf_counter(), time.process_time()
         values = metric.compute()
         seconds.append(time.perf_counter() - start)
         cpu.append(time.process_time() - start_cpu)
-        _, peak = memory_mib()
-        mib.append(peak - base if can_reset else float("nan"))
         del metric
-    # the first call's memory: the allocator keeps what it freed, so a later call's peak barely rises
-    torch.save((seconds, cpu, mib[0], values), Path(out) / f"{rank}.pt")
+    _, peak = memory_mib()
+    torch.save((seconds[:-1], cpu[:-1], peak - base if can_reset else float("nan"), values), Path(out) / f"{rank}.pt")
     if world > 1:
         dist.destroy_process_group()
 
@@ -77,7 +79,7 @@ class Run(NamedTuple):
 
     seconds: list[float]  # the slowest rank's: the first call, the fastest later call
     cpu: float  # CPU seconds of that later call, summed over the ranks
-    mib: float  # the largest rank's peak above its RSS before the first call
+    mib: float  # the largest rank's working memory (peak RSS above its RSS before the untimed call)
     values: dict[str, torch.Tensor]  # rank 0's
 
 
@@ -109,7 +111,7 @@ def main() -> None:
         for _ in range(args.rounds):
             one = run(n, 1, "shard", args.later)
             print(f"N = {n}: 1 process: first call {one.seconds[0]:.2f} s, later calls {one.seconds[1]:.2f} s "
-                  f"(CPU {one.cpu:.2f} s), peak {one.mib:.0f} MiB")  # fmt: skip
+                  f"(CPU {one.cpu:.2f} s), working memory {one.mib:.0f} MiB")  # fmt: skip
             for world in (2, 3):
                 for mode in args.modes:
                     ranks = run(n, world, mode, args.later)

@@ -97,3 +97,23 @@ def test_medians_take_each_ratio_within_its_round(bench: ModuleType) -> None:
     # faiss from 1 to 2 threads: 2.0, 2.0, 3.33 -> ours' speed-ups over faiss's: 1.0, 2.0, 0.3 -> median 1.0
     assert "| ours | speed-up / faiss's | 1.00 (1.00, 2.00, 0.30) |" in table
     assert "| faiss | 1 | 1.00 (1.00, 1.00, 1.00) |" in table
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_shard_work_models_the_sharded_search(world: int) -> None:
+    """The searches ``bench_shard_work`` times, merged per rank, are the whole search's top K: the model leaves no
+    pair out and computes none twice to get there."""
+    common = _load("_common")  # the benchmark imports it by this name
+    work = _load("bench_shard_work")
+    n = 1500
+    seconds, merged = work.decomposition(n, world)()
+    assert set(seconds) == set(work.PARTS) and all(value >= 0 for value in seconds.values())
+    x, _ = common.clustered_embeddings(n, "per_class20")
+    from torchmetrics_retrieval.functional import knn
+
+    whole = knn(x, k=work.K, exclude_self=True)
+    for rank, (distances, items, valid) in enumerate(merged):
+        rows = torch.arange(rank, n, world)
+        assert bool(valid.all())
+        assert torch.equal(items, whole.indices[rows])
+        assert torch.equal(distances, whole.distances[rows])
