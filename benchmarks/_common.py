@@ -6,7 +6,6 @@ interpreter (for example a scratch venv holding open-metric-learning) and still 
 
 from __future__ import annotations
 
-import ctypes
 import re
 import time
 from collections.abc import Callable
@@ -21,7 +20,6 @@ __all__ = [
     "Regime",
     "best_of",
     "clustered_embeddings",
-    "follow_live_memory",
     "memory_mib",
     "n_classes",
     "reset_peak_memory",
@@ -83,20 +81,6 @@ def reset_peak_memory() -> bool:
     except OSError:
         return False
     return True
-
-
-def follow_live_memory() -> bool:
-    """Map every allocation from 1 MiB on by itself, so that freeing it returns it and RSS follows live memory;
-    False where the C library is not glibc.
-
-    glibc otherwise raises its mmap threshold (up to 32 MiB) as large blocks are freed and keeps later ones in its
-    heap: a call's peak RSS then counts what earlier calls left behind, or misses what it reuses from them.
-    """
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(-3, 2**20))  # M_MMAP_THRESHOLD
 
 
 def memory_mib() -> tuple[float, float]:

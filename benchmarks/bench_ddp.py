@@ -4,11 +4,9 @@ Each rank holds a DistributedSampler-like stride of the samples (``indexes`` giv
 fresh metrics: the first call of a fresh process (it also loads the compiled kernels), then ``--later`` more (default
 1), what every later validation epoch costs; the fastest of those is reported. The time of a call is the slowest
 rank's; the CPU time the sum of every rank's (all threads of the process, gloo's included): what sharding adds in
-work, apart from how the machine shares its cores. The memory is the working memory of one more, untimed call: each
-rank's peak RSS during it above its RSS before it (the embeddings it holds are below that line), the largest rank's,
-with every allocation from 1 MiB on mapped by itself so that RSS follows live memory (``follow_live_memory``; a
-first call would also count the compiled kernels it loads). One process with one thread is the reference; the
-values of every run are checked identical to it. Usage::
+work, apart from how the machine shares its cores. The memory is the working memory of a call, measured in processes
+of their own (``working_memory``; the embeddings a rank holds are below its line), in the first round only. One
+process with one thread is the reference; the values of every run are checked identical to it. Usage::
 
     python benchmarks/bench_ddp.py --n 20000 60000
     python benchmarks/bench_ddp.py --n 20000 60000 --modes shard --rounds 3
@@ -33,7 +31,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _common import clustered_embeddings, follow_live_memory, memory_mib, reset_peak_memory
+from _common import clustered_embeddings, memory_mib, reset_peak_memory
 
 from torchmetrics_retrieval import EmbeddingMetrics
 
@@ -46,32 +44,39 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rank(rank: int, world: int, port: int, n: int, mode: Literal["shard", "gather"], later: int, out: str) -> None:
+def _rank(rank: int, world: int, port: int, n: int, mode: Literal["shard", "gather"], calls: int, out: str) -> None:
     torch.set_num_threads(1)
     x, labels = clustered_embeddings(n, "per_class20")
     if world > 1:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     rows = torch.arange(rank, n, world)
     x, labels = x[rows], labels[rows]
-    seconds, cpu = [], []
-    for call in range(2 + later):  # the last call measures the memory (RSS made to follow live memory), untimed
+    seconds, cpu, mib = [], [], []
+    for _ in range(calls):
         metric = EmbeddingMetrics(**OPTIONS, distributed=mode)
         metric.update(x, labels, indexes=rows)
-        if call == 1 + later:
-            follow_live_memory()
-            can_reset = reset_peak_memory()
         if world > 1:
             dist.barrier()
+        can_reset = reset_peak_memory()
         base, _ = memory_mib()
         start, start_cpu = time.perf_counter(), time.process_time()
         values = metric.compute()
         seconds.append(time.perf_counter() - start)
         cpu.append(time.process_time() - start_cpu)
+        _, peak = memory_mib()
+        mib.append(peak - base if can_reset else float("nan"))
         del metric
-    _, peak = memory_mib()
-    torch.save((seconds[:-1], cpu[:-1], peak - base if can_reset else float("nan"), values), Path(out) / f"{rank}.pt")
+    torch.save((seconds, cpu, mib, values), Path(out) / f"{rank}.pt")
     if world > 1:
         dist.destroy_process_group()
+
+
+def _spawn(n: int, world: int, mode: Literal["shard", "gather"], calls: int) -> list[Any]:
+    with tempfile.TemporaryDirectory() as out:
+        mp.spawn(_rank, args=(world, _port(), n, mode, calls, out), nprocs=world, join=True)
+        results = [torch.load(Path(out) / f"{r}.pt", weights_only=False) for r in range(world)]
+    assert all(result[3] == results[0][3] for result in results)
+    return results
 
 
 class Run(NamedTuple):
@@ -79,19 +84,34 @@ class Run(NamedTuple):
 
     seconds: list[float]  # the slowest rank's: the first call, the fastest later call
     cpu: float  # CPU seconds of that later call, summed over the ranks
-    mib: float  # the largest rank's working memory (peak RSS above its RSS before the untimed call)
+    mib: float  # the largest rank's working memory in a second call (see ``working_memory``)
     values: dict[str, torch.Tensor]  # rank 0's
 
 
-def run(n: int, world: int, mode: Literal["shard", "gather"], later: int = 1) -> Run:
-    """The calls on ``world`` processes (one: the reference), their values checked equal across ranks."""
-    with tempfile.TemporaryDirectory() as out:
-        mp.spawn(_rank, args=(world, _port(), n, mode, later, out), nprocs=world, join=True)
-        results = [torch.load(Path(out) / f"{r}.pt", weights_only=False) for r in range(world)]
-    assert all(result[3] == results[0][3] for result in results)
+def working_memory(n: int, world: int, mode: Literal["shard", "gather"]) -> float:
+    """The largest rank's peak RSS during a second call above its RSS before it, in processes whose C library
+    maps every allocation from 1 MiB on by itself (``MALLOC_MMAP_THRESHOLD_``), so that RSS follows live memory.
+
+    By default glibc keeps freed blocks (up to 32 MiB each) for reuse: a later call's peak would then show what
+    earlier calls left, and a first call's would count the compiled kernels it loads. These processes are not
+    timed: mapping every large block by itself costs them up to a tenth more.
+    """
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = str(2**20)  # read by glibc when a spawned process starts
+    try:
+        results = _spawn(n, world, mode, calls=2)
+    finally:
+        del os.environ["MALLOC_MMAP_THRESHOLD_"]
+    return max(r[2][1] for r in results)
+
+
+def run(n: int, world: int, mode: Literal["shard", "gather"], later: int = 1, memory: bool = True) -> Run:
+    """The calls on ``world`` processes (one: the reference), their values checked equal across ranks; with
+    ``memory``, the working memory from processes of their own (NaN without)."""
+    results = _spawn(n, world, mode, calls=1 + later)
     slowest = [max(r[0][call] for r in results) for call in range(1 + later)]
     best = min(range(1, 1 + later), key=slowest.__getitem__)
-    return Run([slowest[0], slowest[best]], sum(r[1][best] for r in results), max(r[2] for r in results), results[0][3])
+    mib = working_memory(n, world, mode) if memory else float("nan")
+    return Run([slowest[0], slowest[best]], sum(r[1][best] for r in results), mib, results[0][3])
 
 
 def main() -> None:
@@ -108,24 +128,26 @@ def main() -> None:
     for n in args.n:
         speedups: dict[str, list[float]] = {}  # later calls, 1 process / P ranks, per round
         cpu_ratios: dict[str, list[float]] = {}  # later calls, CPU summed over P ranks / 1 process, per round
-        for _ in range(args.rounds):
-            one = run(n, 1, "shard", args.later)
+        for round_ in range(args.rounds):
+            one = run(n, 1, "shard", args.later, memory=round_ == 0)
+            memory = f", working memory {one.mib:.0f} MiB" if round_ == 0 else ""
             print(f"N = {n}: 1 process: first call {one.seconds[0]:.2f} s, later calls {one.seconds[1]:.2f} s "
-                  f"(CPU {one.cpu:.2f} s), working memory {one.mib:.0f} MiB")  # fmt: skip
+                  f"(CPU {one.cpu:.2f} s){memory}")  # fmt: skip
             for world in (2, 3):
                 for mode in args.modes:
-                    ranks = run(n, world, mode, args.later)
+                    ranks = run(n, world, mode, args.later, memory=round_ == 0)
                     same = ranks.values.keys() == one.values.keys() and all(
                         torch.equal(ranks.values[k], one.values[k]) for k in ranks.values
                     )
                     speedups.setdefault(f"{world} ranks, {mode}", []).append(one.seconds[1] / ranks.seconds[1])
                     cpu_ratios.setdefault(f"{world} ranks, {mode}", []).append(ranks.cpu / one.cpu)
+                    memory = f"; working memory per rank {ranks.mib:.0f} MiB ({ranks.mib / one.mib:.2f}x of 1 process)"
                     print(
                         f"  {world} ranks, {mode}: first call {ranks.seconds[0]:.2f} s = "
                         f"{one.seconds[0] / ranks.seconds[0]:.2f}x faster than 1 process, later calls "
                         f"{ranks.seconds[1]:.2f} s = {one.seconds[1] / ranks.seconds[1]:.2f}x (CPU summed over the "
-                        f"ranks {ranks.cpu:.2f} s = {ranks.cpu / one.cpu:.2f}x); peak per rank {ranks.mib:.0f} MiB "
-                        f"({ranks.mib / max(one.mib, 1):.2f}x of 1 process), identical: {same}"
+                        f"ranks {ranks.cpu:.2f} s = {ranks.cpu / one.cpu:.2f}x){memory if round_ == 0 else ''}, "
+                        f"identical: {same}"
                     )
         if args.rounds > 1:
             for what, ratios in speedups.items():
