@@ -145,7 +145,7 @@ def test_without_numba_the_torch_buffer_serves(monkeypatch: pytest.MonkeyPatch) 
 @pytest.mark.parametrize("n", [0, 1, 5, 21, 40, 64, 65, 300])
 @pytest.mark.parametrize("kp", [1, 7, 21, 64])
 def test_compiled_row_sorts_put_the_smallest_codes_first(n: int, kp: int) -> None:
-    """The short-row insertion sort (whole or cut to the ``kp`` smallest) and the radix sort against numpy, on
+    """The short-row insertion sort (whole or cut to the ``kp`` smallest) and the radix sort against Python's sort, on
     codes with repeats and with the high bits shared, as a row's keys share them."""
     pytest.importorskip("numba")
     from torchmetrics_retrieval.functional._search.compiled.kernels import radix_sort, smallest_by_insertion

@@ -16,7 +16,7 @@ from numba import prange
 jit = numba.njit(cache=True, nogil=True)
 #: Kernels parallel over rows (``prange``): the callers set numba's thread count from torch's (``buffer.threads``).
 pjit = numba.njit(cache=True, nogil=True, parallel=True)
-#: Rows of at most this many codes are sorted by insertion (:func:`radix_sort`).
+#: Rows of at most this many codes are sorted by insertion (:func:`radix_sort`, :func:`finish_rows`).
 SHORT_ROW = 64
 
 
