@@ -401,6 +401,24 @@ def test_canonical_dots_do_not_depend_on_how_the_pairs_are_grouped() -> None:
     assert torch.allclose(by_gallery, (query[rows] * gallery[cols]).sum(dim=1))
 
 
+@pytest.mark.parametrize("distance", ["euclidean", "cosine", "dot"])
+def test_canonical_distances_in_blocks_of_pairs_are_the_same(monkeypatch: pytest.MonkeyPatch, distance: str) -> None:
+    # Blocks of 7 pairs cut every query's candidates across blocks; near-duplicates take the direct squared
+    # differences in some blocks and not in others. Every distance and neighbour must stay the same bit for bit.
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(300, 24, generator=g)
+    x[150:] = x[:150] + 1e-5 * torch.randn(150, 24, generator=g)  # near-duplicates
+    whole = knn(x, k=9, distance=distance, exclude_self=True)
+    monkeypatch.setattr(certify, "PAIR_BLOCK", 7)
+    blocks = knn(x, k=9, distance=distance, exclude_self=True)
+    assert torch.equal(blocks.indices, whole.indices) and torch.equal(blocks.distances, whole.distances)
+    monkeypatch.undo()
+    expected = torch.cdist(x.double(), x.double()) if distance == "euclidean" else None
+    if expected is not None:
+        expected.fill_diagonal_(float("inf"))
+        assert torch.allclose(blocks.distances.double(), expected.gather(1, blocks.indices), atol=1e-6)
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # hand cases
 # ----------------------------------------------------------------------------------------------------------------------

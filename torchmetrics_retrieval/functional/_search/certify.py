@@ -9,6 +9,7 @@ boundary, an estimated threshold that fell short) are searched again with more c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -24,6 +25,10 @@ from torchmetrics_retrieval.functional._search.types import RelevanceFn
 __all__ = ["Ranked", "canonical_distances", "cap_keys", "key_tolerance", "order_by_distance_then_position", "rank"]
 
 
+#: Pairs whose canonical distances :func:`canonical_distances` computes at once (about 20 MiB of working arrays).
+PAIR_BLOCK = 2**18
+
+
 def canonical_distances(problem: Problem, rows: Tensor, pair_rows: Tensor, pair_cols: Tensor) -> Tensor:
     """Float64 distances of the pairs ``(rows[pair_rows[i]], pair_cols[i])``, computed pair by pair."""
     # the rows themselves, never a copy of a whole set: rows read on demand, or every row of the problem
@@ -32,14 +37,25 @@ def canonical_distances(problem: Problem, rows: Tensor, pair_rows: Tensor, pair_
         and bool((rows == torch.arange(rows.numel(), device=rows.device)).all())
     )
     query64, at = (problem.query64, rows[pair_rows]) if whole else (problem.query64[rows], pair_rows)
-    dots = canonical_dots(at, pair_cols, query64, problem.gallery64)
+    q_sq = problem.query_sq64[rows]
 
-    def direct_sq(close: tuple[Tensor, ...]) -> Tensor:
-        diff = query64[at[close[0]]] - problem.gallery64[pair_cols[close[0]]]
-        return (diff * diff).sum(dim=1)
+    def direct_sq(at: Tensor, cols: Tensor) -> Callable[[tuple[Tensor, ...]], Tensor]:
+        def squares(close: tuple[Tensor, ...]) -> Tensor:
+            diff = query64[at[close[0]]] - problem.gallery64[cols[close[0]]]
+            return (diff * diff).sum(dim=1)
 
-    q_sq, g_sq = problem.query_sq64[rows][pair_rows], problem.gallery_sq64[pair_cols]
-    return distances_from_dots(dots, q_sq, g_sq, problem.distance, direct_sq)
+        return squares
+
+    # block by block of pairs: the indices, the sampled product and the squared norms of a block take a few MiB,
+    # whatever the number of candidates (a pair's value does not depend on the pairs computed with it)
+    out = torch.empty(pair_rows.numel(), dtype=torch.float64, device=pair_rows.device)
+    for start in range(0, pair_rows.numel(), PAIR_BLOCK):
+        block = slice(start, start + PAIR_BLOCK)
+        block_at, block_cols = at[block], pair_cols[block]
+        dots = canonical_dots(block_at, block_cols, query64, problem.gallery64)
+        squares = (q_sq[pair_rows[block]], problem.gallery_sq64[block_cols])
+        out[block] = distances_from_dots(dots, *squares, problem.distance, direct_sq(block_at, block_cols))
+    return out
 
 
 def key_tolerance(problem: Problem, rows: Tensor | slice, rounding: int) -> Tensor:
