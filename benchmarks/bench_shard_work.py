@@ -45,11 +45,16 @@ K = 19  # the search depth of OPTIONS on per_class20 data (19 relevant items per
 PARTS = ("own", "bipartite", "merge")
 
 
+def _problem(n: int) -> tuple[torch.Tensor, Any, RetrievalOptions]:
+    """``(embeddings, the set searched against itself, options)`` of the benchmark's data."""
+    x, labels = clustered_embeddings(n, "per_class20")
+    return x, split_query_gallery(x, labels), RetrievalOptions.create(**OPTIONS)
+
+
 def decomposition(n: int, world: int) -> Callable[[], tuple[dict[str, float], list[Found]]]:
     """A function that runs the searches of every rank of ``world`` once and returns the CPU seconds per part and
     each rank's merged top K (``(distances, global rows, valid)`` of its shard's samples)."""
-    x, labels = clustered_embeddings(n, "per_class20")
-    qg, options = split_query_gallery(x, labels), RetrievalOptions.create(**OPTIONS)
+    x, qg, options = _problem(n)
     shards = [torch.arange(r, n, world) for r in range(world)]
 
     def own(rows: torch.Tensor) -> Found:
@@ -101,8 +106,7 @@ def decomposition(n: int, world: int) -> Callable[[], tuple[dict[str, float], li
 def whole_search(n: int) -> Callable[[], float]:
     """A function that runs one search of the whole set (the one-process ``compute()``'s) and returns its CPU
     seconds."""
-    x, labels = clustered_embeddings(n, "per_class20")
-    qg, options = split_query_gallery(x, labels), RetrievalOptions.create(**OPTIONS)
+    _, qg, options = _problem(n)
 
     def run() -> float:
         start = time.process_time()

@@ -9,7 +9,7 @@ boundary, an estimated threshold that fell short) are searched again with more c
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
 from typing import NamedTuple
 
 import torch
@@ -39,12 +39,9 @@ def canonical_distances(problem: Problem, rows: Tensor, pair_rows: Tensor, pair_
     query64, at = (problem.query64, rows[pair_rows]) if whole else (problem.query64[rows], pair_rows)
     q_sq = problem.query_sq64[rows]
 
-    def direct_sq(at: Tensor, cols: Tensor) -> Callable[[tuple[Tensor, ...]], Tensor]:
-        def squares(close: tuple[Tensor, ...]) -> Tensor:
-            diff = query64[at[close[0]]] - problem.gallery64[cols[close[0]]]
-            return (diff * diff).sum(dim=1)
-
-        return squares
+    def direct_sq(at: Tensor, cols: Tensor, close: tuple[Tensor, ...]) -> Tensor:
+        diff = query64[at[close[0]]] - problem.gallery64[cols[close[0]]]
+        return (diff * diff).sum(dim=1)
 
     # block by block of pairs: the indices, the sampled product and the squared norms of a block take a few MiB,
     # whatever the number of candidates (a pair's value does not depend on the pairs computed with it)
@@ -54,7 +51,8 @@ def canonical_distances(problem: Problem, rows: Tensor, pair_rows: Tensor, pair_
         block_at, block_cols = at[block], pair_cols[block]
         dots = canonical_dots(block_at, block_cols, query64, problem.gallery64)
         squares = (q_sq[pair_rows[block]], problem.gallery_sq64[block_cols])
-        out[block] = distances_from_dots(dots, *squares, problem.distance, direct_sq(block_at, block_cols))
+        close_pairs = functools.partial(direct_sq, block_at, block_cols)
+        out[block] = distances_from_dots(dots, *squares, problem.distance, close_pairs)
     return out
 
 
