@@ -4,9 +4,9 @@
 also holds what sharing the cores costs. This benchmark runs the same searches one after the other in one process,
 with no other process competing: every search a rank of P runs in ``symmetric_top_k`` (its shard against itself,
 then the bipartite passes it serves, ``VISIT_ROWS`` of its rows at a time, each side capped at the K-th distance
-its own search found) and the merge of its candidate lists. Their sum, divided by the time of one search of the
-whole set, is the work the sharded decomposition adds. The whole search and every P take turns, round after round,
-at each thread count. Usage::
+its own search found) and the merges that fold each pass's candidates into its lists. Their sum, divided by the
+time of one search of the whole set, is the work the sharded decomposition adds. The whole search and every P take
+turns, round after round, at each thread count. Usage::
 
     python benchmarks/bench_shard_work.py --n 20000 60000
     python benchmarks/bench_shard_work.py --n 20000 --rounds 5 --threads 1
@@ -33,8 +33,8 @@ from torchmetrics_retrieval.functional._sets import split_query_gallery
 from torchmetrics_retrieval.metrics._shard_search import (
     Found,
     _bipartite_blocks,
+    _fold,
     _kth,
-    _merge_lists,
     _padded,
     _search,
     _subset,
@@ -76,11 +76,10 @@ def decomposition(n: int, world: int) -> Callable[[], tuple[dict[str, float], li
 
     def run() -> tuple[dict[str, float], list[Found]]:
         seconds, merged = dict.fromkeys(PARTS, 0.0), []
-        lists: list[list[tuple[slice, Found]]] = [[] for _ in range(world)]
         with plan.part_of(n, n):  # the kernels chosen as the sharded search chooses them
-            for rank, rows in enumerate(shards):
+            for rows in shards:
                 start = time.process_time()
-                lists[rank].append((slice(None), own(rows)))
+                merged.append(own(rows))
                 seconds["own"] += time.process_time() - start
             for rank, searched, peer, visiting in passes():
                 start = time.process_time()
@@ -92,11 +91,9 @@ def decomposition(n: int, world: int) -> Callable[[], tuple[dict[str, float], li
                     K,
                 )
                 seconds["bipartite"] += time.process_time() - start
-                lists[rank].append((searched, ours))
-                lists[peer].append((visiting, theirs))
-            for rank, rows in enumerate(shards):
                 start = time.process_time()
-                merged.append(_merge_lists(lists[rank], rows.numel(), K, x))
+                _fold(merged[rank], searched, ours, K)
+                _fold(merged[peer], visiting, theirs, K)
                 seconds["merge"] += time.process_time() - start
         return seconds, merged
 

@@ -269,6 +269,7 @@ def test_estimated_thresholds_that_fall_short_are_searched_again(
     # Those queries must end uncertified after round 1 and exact after round 2.
     monkeypatch.setattr(stream_topk, "sample_size", lambda n_gallery, kp: n_gallery // 4)
     monkeypatch.setattr(faiss_stage, "sample_size", lambda n_gallery, kp: n_gallery // 4)
+    monkeypatch.setattr(plan, "RANK_PAIRS", 2**21)  # one stage-2 ranking per round, as the spy counts rounds
     x = torch.nn.functional.normalize(torch.randn(8192, 8, generator=torch.Generator().manual_seed(0)), dim=1) * 2
     x[::4] /= 2
     rounds, ranged = record_rounds(monkeypatch), record_range_searches(monkeypatch)
@@ -284,6 +285,28 @@ def test_estimated_thresholds_that_fall_short_are_searched_again(
     assert torch.equal(fast.indices, result.indices) and torch.equal(fast.valid, result.valid)
     assert torch.allclose(fast.distances, result.distances, rtol=1e-4, atol=1e-5)
     assert_first_rows_match_reference(result, x, k, step=97)
+
+
+@pytest.mark.parametrize("backend", ["torch", "faiss"])
+def test_stage_two_in_parts_gives_the_same_answer(monkeypatch: pytest.MonkeyPatch, backend: KNNBackend) -> None:
+    # Stage 2 ranks the candidates of a round's rows in parts of at most plan.RANK_PAIRS pairs. Parts of one or two
+    # rows, with exact ties (duplicated rows) and queries that fall short of their estimate (the sample of the
+    # test above), must give the answer of one part, and rank every row of the round exactly once.
+    monkeypatch.setattr(stream_topk, "sample_size", lambda n_gallery, kp: n_gallery // 4)
+    monkeypatch.setattr(faiss_stage, "sample_size", lambda n_gallery, kp: n_gallery // 4)
+    x = torch.nn.functional.normalize(torch.randn(600, 8, generator=torch.Generator().manual_seed(3)), dim=1) * 2
+    x[::4] /= 2
+    x[1::50] = x[0]  # twelve copies of one row: ties at distance 0
+    whole = knn(x, k=12, backend=backend)
+    monkeypatch.setattr(plan, "RANK_PAIRS", 2 * 14 - 1)  # kp = 14: parts of one row, of two in the second round
+    ranked = record_rounds(monkeypatch)
+    parts = knn(x, k=12, backend=backend)
+    for u, v in zip(parts, whole, strict=True):
+        assert torch.equal(u, v)
+    first_round = ranked[:600]
+    assert all(rows == 1 for rows, _ in first_round) and sum(left for _, left in first_round) > 0
+    assert all(rows <= 2 for rows, _ in ranked[600:])
+    assert_first_rows_match_reference(parts, x, 12, step=37)
 
 
 def test_faiss_range_search_leaves_crowded_queries_to_the_next_round(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -117,13 +117,19 @@ def merge(candidates: Found, k: int) -> Found:
     return torch.gather(distances, 1, order), torch.gather(items, 1, order), torch.gather(valid, 1, order)
 
 
-def _merge_lists(lists: list[tuple[slice, Found]], n: int, k: int, like: Tensor) -> Found:
-    """The top ``k`` of ``n`` rows from candidate lists ``(rows, candidates of those rows)``, in one merge."""
-    wide = _empty(n, k * max(1, len(lists)), like)
-    for j, (rows, found) in enumerate(lists):
-        for column, part in zip(wide, found, strict=True):
-            column[rows, j * k : (j + 1) * k] = part
-    return merge(wide, k)
+def _fold(best: Found, rows: slice, found: Found, k: int) -> None:
+    """Merge ``found``, candidates of the rows ``rows`` of ``best``, into ``best`` in place: a rank keeps one list
+    per row, never a list per shard it met."""
+    merged = merge(_joined([(best[0][rows], best[1][rows], best[2][rows]), found], dim=1), k)
+    for column, part in zip(best, merged, strict=True):
+        column[rows] = part
+
+
+def _local_rows(local: Tensor, rows: Tensor) -> Tensor:
+    """``local[rows]``, without a copy when ``rows`` are every local row in order (the usual layout of a shard)."""
+    if rows.numel() == local.shape[0] and bool((rows == torch.arange(rows.numel(), device=rows.device)).all()):
+        return local
+    return local[rows]
 
 
 def _kth(found: Found) -> Tensor:
@@ -209,7 +215,7 @@ def one_sided_top_k(shards: ShardedSet, options: RetrievalOptions, k: int) -> tu
     rank = dist.get_rank(group)
     my_queries = torch.nonzero(owner[qg.query_positions] == rank).flatten()
     my_gallery = torch.nonzero(owner[qg.gallery_positions] == rank).flatten()
-    shard = _restrict_gallery(qg, my_gallery, local[row[qg.gallery_positions[my_gallery]]])
+    shard = _restrict_gallery(qg, my_gallery, _local_rows(local, row[qg.gallery_positions[my_gallery]]))
     rounds = torch.tensor([math.ceil(my_queries.numel() / QUERY_BLOCK)], device=local.device)
     dist.all_reduce(rounds, op=dist.ReduceOp.MAX, group=group)
     parts: list[tuple[Tensor, ...]] = []
@@ -248,11 +254,11 @@ def _visit(
     options: RetrievalOptions,
     k: int,
     group: Any,
-) -> tuple[list[Found], Found]:
+) -> tuple[Found | None, Found]:
     """One round: the rows ``sent`` (embeddings, caps) go to ``peers[1]`` while the samples ``visiting`` (global
     rows) of rank ``peers[0]`` arrive block by block with their caps, the next block on its way while one is
     searched against ``searched`` (global rows, embeddings, caps) in a bipartite pass. Returns the candidates
-    of the searched rows among each block, and those of the visitors among the searched rows."""
+    of the searched rows among the visitors (None: no pass), and those of the visitors among the searched rows."""
     rows, (source, sink) = searched[0], peers
     embeddings, caps = sent
     outgoing = [[embeddings[b], caps[b]] for b in _blocks(embeddings.shape[0])]
@@ -267,7 +273,7 @@ def _visit(
         block = (embeddings.new_empty((blocks[i].numel(), embeddings.shape[1])), caps.new_empty(blocks[i].numel()))
         return block, _post(send, sink, list(block), source, group, _EMBEDDINGS)
 
-    ours: list[Found] = []
+    ours: Found | None = None
     theirs: list[Found] = []
     pending = post(0) if steps else (None, [])
     for i in range(steps):
@@ -280,7 +286,7 @@ def _visit(
             theirs.append(_empty(blocks[i].numel(), k, embeddings))
             continue
         found_ours, found_theirs = _bipartite_blocks(qg, searched, (blocks[i], *block), options, k)
-        ours.append(found_ours)
+        ours = found_ours if ours is None else merge(_joined([ours, found_ours], dim=1), k)
         theirs.append(found_theirs)
     return ours, _joined(theirs, dim=0) if theirs else _empty(0, k, embeddings)
 
@@ -302,15 +308,13 @@ def symmetric_top_k(shards: ShardedSet, options: RetrievalOptions, k: int) -> tu
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     members = [torch.nonzero(owner[qg.query_positions] == r).flatten() for r in range(world)]
     mine = members[rank]
-    embeddings = local[row[qg.query_positions[mine]]]
-    lists: list[tuple[slice, Found]] = []  # (rows of mine, their candidates among some of the samples)
+    embeddings = _local_rows(local, row[qg.query_positions[mine]])
+    best = _empty(0, k, local)  # each row's candidates among the shards met so far
     if mine.numel():
         own = _search(_subset(qg, mine, embeddings), options, k, exact_distances=True)(torch.arange(mine.numel()))
-        lists.append((slice(None), _padded(own, k, mine, local)))
+        best = _padded(own, k, mine, local)
     for distance in range(1, world // 2 + 1):
-        if len(lists) > 1:  # one list of the shards met so far, whose K-th distances cap this round tighter
-            lists = [(slice(None), _merge_lists(lists, mine.numel(), k, local))]
-        caps = _kth(lists[0][1]) if lists else local.new_empty(0)
+        caps = _kth(best)  # the K-th distances among the shards met so far cap this round
         peers = ((rank + distance) % world, (rank - distance) % world)  # (whose rows visit, where ours go)
         searched, sent, visiting = slice(None), slice(None), members[peers[0]]
         if 2 * distance == world:  # one rectangle between the two shards: each side does half of it
@@ -322,5 +326,7 @@ def symmetric_top_k(shards: ShardedSet, options: RetrievalOptions, k: int) -> tu
         search = (mine[searched], embeddings[searched], caps[searched])
         ours, visitors = _visit(qg, search, (embeddings[sent], caps[sent]), visiting, peers, options, k, group)
         back = _swap_candidates(visitors, peers, embeddings[sent].shape[0], k, group)
-        lists += [(searched, found) for found in ours] + [(sent, back)]
-    return mine, *_merge_lists(lists, mine.numel(), k, local)
+        if ours is not None:
+            _fold(best, searched, ours, k)
+        _fold(best, sent, back, k)
+    return mine, *best

@@ -114,7 +114,7 @@ class Candidates(NamedTuple):
     keys: Tensor  # (R, kp) float: the stage-1 keys (meaningful where ok)
     rounding: int  # the keys' rounding bound in units of u * scale (see ``certify.key_tolerance``)
 
-    def take(self, rows: Tensor) -> Candidates:
+    def take(self, rows: Tensor | slice) -> Candidates:
         """The candidates of a subset of the rows."""
         return self._replace(indices=self.indices[rows], ok=self.ok[rows], floor=self.floor[rows], keys=self.keys[rows])
 

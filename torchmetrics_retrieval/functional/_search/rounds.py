@@ -94,17 +94,20 @@ def _search_rounds(search: Search, stage: TorchStage | FaissStage, queries: Tens
     while pending.numel():
         group_rows = max(1, min(plan.ROUND_PAIRS // kp, chunk_size or queries.numel()))
         failed = []
+        rank_rows = max(1, plan.RANK_PAIRS // kp)
         for start in range(0, pending.numel(), group_rows):
-            rows = pending[start : start + group_rows]
-            positions = queries[rows]
-            candidates = stage(positions, kp, first_round)
-            ranked = rank(problem, positions, candidates, k, search.exact_distances, search.relevance)
-            done = rows[ranked.certified]
-            distances[done] = ranked.distances[ranked.certified]
-            indices[done] = ranked.indices[ranked.certified]
-            valid[done] = ranked.valid[ranked.certified]
-            failed.append(rows[~ranked.certified])
-            advance(done.numel())
+            group = pending[start : start + group_rows]
+            found = stage(queries[group], kp, first_round)
+            for part in range(0, group.numel(), rank_rows):  # stage 2 in smaller parts: its arrays are wider
+                part_rows = slice(part, part + rank_rows)
+                rows, candidates = group[part_rows], found.take(part_rows)
+                ranked = rank(problem, queries[rows], candidates, k, search.exact_distances, search.relevance)
+                done = rows[ranked.certified]
+                distances[done] = ranked.distances[ranked.certified]
+                indices[done] = ranked.indices[ranked.certified]
+                valid[done] = ranked.valid[ranked.certified]
+                failed.append(rows[~ranked.certified])
+                advance(done.numel())
         pending = torch.cat(failed)
         kp = min(n_gallery, 2 * kp)
         first_round = False
