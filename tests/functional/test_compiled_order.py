@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from torchmetrics_retrieval.functional._search.compiled.order import mixed_runs, order_runs, ranked_columns, sort_by_key
+from torchmetrics_retrieval.functional._search.compiled.order import (
+    merge_sorted,
+    mixed_runs,
+    order_runs,
+    ranked_columns,
+    sort_by_key,
+)
 
 INF = float("inf")
 
@@ -83,3 +89,47 @@ def test_ranked_columns_read_each_rank_and_map_its_key_to_a_distance(distance: s
     assert torch.equal(valid, expected_valid) and torch.equal(recomputed, expected_recomputed)
     assert torch.equal(distances, expected.masked_fill(~expected_valid, INF))
     assert torch.equal(chosen, items.gather(1, order).masked_fill(~expected_valid, 0))
+
+
+def test_merge_sorted_takes_the_first_entries_of_both_lists_by_distance_then_item() -> None:
+    # row 0: equal distances across the lists go by item, -0.0 equals 0.0; row 1: one list empty, the other short
+    first = (torch.tensor([[-0.0, 0.5, 0.5], [INF, INF, INF]]), torch.tensor([[8, 3, 6], [0, 0, 0]]),
+             torch.tensor([[True, True, True], [False, False, False]]))  # fmt: skip
+    second = (torch.tensor([[0.0, 0.5, INF], [0.25, INF, INF]]), torch.tensor([[2, 4, 0], [7, 0, 0]]),
+              torch.tensor([[True, True, False], [True, False, False]]))  # fmt: skip
+    distances, items, valid = merge_sorted(first, second, 4)
+    assert items.tolist() == [[2, 8, 3, 4], [7, 2**31 - 1, 2**31 - 1, 2**31 - 1]]
+    assert distances.tolist() == [[0.0, 0.0, 0.5, 0.5], [0.25, INF, INF, INF]]
+    assert valid.tolist() == [[True, True, True, True], [True, False, False, False]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_merge_sorted_matches_a_sort_of_both_lists(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(5)
+
+    def sorted_list(n_rows: int, width: int, parity: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        distances = (torch.randint(0, 6, (n_rows, width), generator=g) / 4).to(dtype)  # many exact ties
+        items = torch.randint(0, 50, (n_rows, width), generator=g) * 2 + parity  # the lists share no item
+        valid = torch.arange(width) < torch.randint(0, width + 1, (n_rows, 1), generator=g)  # empty slots last
+        distances = distances.masked_fill(~valid, INF)
+        rows = [sorted(zip(d.tolist(), i.tolist(), strict=True)) for d, i in zip(distances, items, strict=True)]
+        return (
+            torch.tensor([[d for d, _ in r] for r in rows], dtype=dtype),
+            torch.tensor([[i for _, i in r] for r in rows]),
+            valid,
+        )
+
+    first, second = sorted_list(200, 7, 0), sorted_list(200, 5, 1)
+    distances, items, valid = merge_sorted(first, second, 9)
+    assert distances.dtype == dtype
+    for r in range(200):
+        entries = sorted(
+            (d, i)
+            for found in (first, second)
+            for d, i, v in zip(found[0][r].tolist(), found[1][r].tolist(), found[2][r].tolist(), strict=True)
+            if v
+        )[:9]
+        n = len(entries)
+        assert list(zip(distances[r].tolist(), items[r].tolist(), strict=True))[:n] == entries
+        assert valid[r].tolist() == [True] * n + [False] * (9 - n)
+        assert distances[r, n:].tolist() == [INF] * (9 - n)

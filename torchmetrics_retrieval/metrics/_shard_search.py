@@ -34,6 +34,7 @@ from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._per_query import _search
 from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional._search.certify import order_by_distance_then_position
+from torchmetrics_retrieval.functional._search.compiled.order import merge_sorted
 from torchmetrics_retrieval.functional._search.problem import make_problem
 from torchmetrics_retrieval.functional._search.rounds import Search
 from torchmetrics_retrieval.functional._search.types import KNNResult
@@ -117,10 +118,19 @@ def merge(candidates: Found, k: int) -> Found:
     return torch.gather(distances, 1, order), torch.gather(items, 1, order), torch.gather(valid, 1, order)
 
 
+def _merge_two(first: Found, second: Found, k: int) -> Found:
+    """:func:`merge` of two candidate lists whose rows are sorted (a search's or a merge's): one pass of the compiled
+    kernels over each row where they serve, instead of a sort of both."""
+    distances = first[0]
+    if plan.use_compiled(distances.device, distances.shape[0], distances.shape[1] + second[0].shape[1]):
+        return merge_sorted(first, second, k)
+    return merge(_joined([first, second], dim=1), k)
+
+
 def _fold(best: Found, rows: slice, found: Found, k: int) -> None:
     """Merge ``found``, candidates of the rows ``rows`` of ``best``, into ``best`` in place: a rank keeps one list
     per row, never a list per shard it met."""
-    merged = merge(_joined([(best[0][rows], best[1][rows], best[2][rows]), found], dim=1), k)
+    merged = _merge_two((best[0][rows], best[1][rows], best[2][rows]), found, k)
     for column, part in zip(best, merged, strict=True):
         column[rows] = part
 
@@ -286,7 +296,7 @@ def _visit(
             theirs.append(_empty(blocks[i].numel(), k, embeddings))
             continue
         found_ours, found_theirs = _bipartite_blocks(qg, searched, (blocks[i], *block), options, k)
-        ours = found_ours if ours is None else merge(_joined([ours, found_ours], dim=1), k)
+        ours = found_ours if ours is None else _merge_two(ours, found_ours, k)
         theirs.append(found_theirs)
     return ours, _joined(theirs, dim=0) if theirs else _empty(0, k, embeddings)
 

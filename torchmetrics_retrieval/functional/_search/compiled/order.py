@@ -27,7 +27,7 @@ from torch import Tensor
 from torchmetrics_retrieval.functional._search.compiled import DISTANCE_CODES
 from torchmetrics_retrieval.functional._search.compiled.buffer import kernel_threads
 
-__all__ = ["mixed_runs", "order_runs", "ranked_columns", "sort_by_key"]
+__all__ = ["merge_sorted", "mixed_runs", "order_runs", "ranked_columns", "sort_by_key"]
 
 
 def load_kernels() -> ModuleType:
@@ -114,3 +114,17 @@ def ranked_columns(
         distances, chosen, valid, recomputed, kernel_threads(),
     )  # fmt: skip
     return tuple(torch.from_numpy(a) for a in (distances, chosen, valid, recomputed))  # type: ignore[return-value]
+
+
+def merge_sorted(
+    first: tuple[Tensor, Tensor, Tensor], second: tuple[Tensor, Tensor, Tensor], k: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The ``k`` first entries of two candidate lists ``(distances (R, n), items (R, n) int64, valid (R, n) bool)``,
+    each row of each list sorted by (distance, item) with its empty slots last: one merge pass per row instead of
+    a sort of both. An empty slot of the result has distance +inf, item ``2**31 - 1`` and valid False, as in the
+    sharded search's sort-based merge; the lists must not share an item (they come from disjoint galleries)."""
+    n_rows, dtype = first[0].shape[0], first[0].numpy().dtype
+    merged = (np.empty((n_rows, k), dtype), np.empty((n_rows, k), np.int64), np.empty((n_rows, k), np.bool_))
+    lists = tuple(tuple(t.contiguous().numpy() for t in found) for found in (first, second))
+    load_kernels().merge_rows(*lists, merged, kernel_threads())
+    return torch.from_numpy(merged[0]), torch.from_numpy(merged[1]), torch.from_numpy(merged[2])

@@ -139,3 +139,32 @@ def ranked_columns_range(
             else:
                 chosen[r, j] = items[r, source]
                 distances[r, j] = values[r, source] if recomputed[r, j] else key_distance(key, query_sq[r], mode)
+
+
+@pjit
+def merge_rows(first, second, merged, n_threads):
+    n_rows = merged[0].shape[0]
+    for t in prange(n_threads):
+        merge_rows_range(first, second, merged, n_rows * t // n_threads, n_rows * (t + 1) // n_threads)
+
+
+@jit
+def merge_rows_range(first, second, merged, r0, r1):
+    (d1, i1, v1), (d2, i2, v2), (out_d, out_i, out_v) = first, second, merged
+    n1, n2, k, empty = d1.shape[1], d2.shape[1], out_d.shape[1], np.int64(2**31 - 1)
+    for r in range(r0, r1):
+        a = b = 0
+        for j in range(k):
+            # an empty slot, or the end of a list, sorts as (+inf, 2**31 - 1): last
+            take_first = a < n1 and v1[r, a]
+            take_second = b < n2 and v2[r, b]
+            if take_first and take_second:
+                take_first = d1[r, a] < d2[r, b] or (d1[r, a] == d2[r, b] and i1[r, a] < i2[r, b])
+            if take_first:
+                out_d[r, j], out_i[r, j], out_v[r, j] = d1[r, a], i1[r, a], True
+                a += 1
+            elif take_second:
+                out_d[r, j], out_i[r, j], out_v[r, j] = d2[r, b], i2[r, b], True
+                b += 1
+            else:
+                out_d[r, j], out_i[r, j], out_v[r, j] = np.inf, empty, False
