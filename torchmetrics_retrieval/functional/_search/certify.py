@@ -31,10 +31,11 @@ PAIR_BLOCK = 2**18
 
 def canonical_distances(problem: Problem, rows: Tensor, pair_rows: Tensor, pair_cols: Tensor) -> Tensor:
     """Float64 distances of the pairs ``(rows[pair_rows[i]], pair_cols[i])``, computed pair by pair."""
-    # the rows themselves, never a copy of a whole set: rows read on demand, or every row of the problem
-    whole = isinstance(problem.query64, Float64Rows) or (
-        rows.numel() == problem.query64.shape[0]
-        and bool((rows == torch.arange(rows.numel(), device=rows.device)).all())
+    # the rows themselves, never a copy of many: rows read on demand, or consecutive rows (every row of the problem,
+    # or a part of a round) read in place
+    start = int(rows[0]) if rows.numel() else 0
+    whole = isinstance(problem.query64, Float64Rows) or bool(
+        (rows == torch.arange(start, start + rows.numel(), device=rows.device)).all()
     )
     query64, at = (problem.query64, rows[pair_rows]) if whole else (problem.query64[rows], pair_rows)
     q_sq = problem.query_sq64[rows]
