@@ -23,6 +23,7 @@ Only ``torch.distributed`` collectives and point-to-point operations that both g
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -209,7 +210,7 @@ def _bipartite_blocks(
     parts = [_bipartite(qg, (searched[0][b], searched[1][b], searched[2][b]), visiting, options, k)
              for b in _blocks(searched[0].numel())]  # fmt: skip
     ours = _joined([part[0] for part in parts], dim=0)
-    return ours, parts[0][1] if len(parts) == 1 else merge(_joined([part[1] for part in parts], dim=1), k)
+    return ours, functools.reduce(lambda found, part: _merge_two(found, part, k), [part[1] for part in parts])
 
 
 def _joined(parts: list[Found], dim: int) -> Found:
