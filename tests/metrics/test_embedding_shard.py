@@ -42,6 +42,9 @@ SHARDED: dict[str, Any] = {
     "n_bootstrap": 40,
 }
 UNEVEN = {1: [N], 2: [20, 9], 3: [3, 19, 7], 4: [3, 11, 7, 8]}
+#: The scenarios of a set searched against itself (``_symmetric_scenarios``): by sampler, uneven, with an empty rank,
+#: in visiting blocks of 2 rows, and so with the compiled kernels (their merge of candidate lists included).
+SYMMETRIC = ("symmetric_sampler", "symmetric_uneven", "symmetric_empty_rank", "symmetric_blocks", "symmetric_compiled")
 WITH_EMPTY = {1: [N], 2: [0, N], 3: [17, 0, 12], 4: [9, 0, 12, 8]}
 
 
@@ -77,6 +80,12 @@ def _symmetric_scenarios(rank: int, world_size: int) -> dict[str, Any]:
     }
     shard_search.VISIT_ROWS = 2
     outcomes["symmetric_blocks"] = _outcome(_by_shards(rank, UNEVEN[world_size], data, indexes=False))
+    merges = []  # the candidate lists merged by the compiled kernel (this small data takes the torch merge otherwise)
+    merge_sorted = shard_search.merge_sorted
+    shard_search.merge_sorted = lambda *args: merges.append(1) or merge_sorted(*args)  # type: ignore[assignment]
+    with plan.force_compiled(True):
+        outcomes["symmetric_compiled"] = _outcome(_by_shards(rank, UNEVEN[world_size], data, indexes=False))
+    outcomes["compiled_merges"] = len(merges)
     outcomes["symmetric_calls"] = len(calls)
     outcomes["capped_passes"] = [any(side) for side in zip(*caps, strict=True)] if caps else []
     return outcomes
@@ -146,9 +155,10 @@ def test_sharded_is_identical_to_one_process(world_size: int, tmp_path: Path) ->
     one_rank_queries = _expected(_data(UNEVEN[world_size][0]))
     symmetric = _expected(_data(every_sample_a_query=True))
     for rank, outcomes in enumerate(ranks):
-        for name in ("symmetric_sampler", "symmetric_uneven", "symmetric_empty_rank", "symmetric_blocks"):
+        for name in SYMMETRIC:
             _assert_identical(outcomes[name], symmetric, f"world_size={world_size} rank={rank} {name}")
-        assert outcomes["symmetric_calls"] == (4 if world_size > 1 else 0)  # one process: never sharded
+        assert outcomes["symmetric_calls"] == (5 if world_size > 1 else 0)  # one process: never sharded
+        assert (outcomes["compiled_merges"] > 0) == (world_size > 1 and plan.HAS_NUMBA)
         # the bipartite passes start from caps: the rank's own rows' and the visitors' (sent with them)
         assert outcomes["capped_passes"] == ([True, True] if world_size > 1 else [])
         for name in ("sampler", "sampler_gathered", "sampler_float16", "uneven", "empty_rank"):
@@ -174,7 +184,7 @@ def test_symmetric_sharded_search_on_four_ranks(tmp_path: Path) -> None:
     ranks = run_distributed(_symmetric_scenarios, 4, tmp_path)
     expected = _expected(_data(every_sample_a_query=True))
     for rank, outcomes in enumerate(ranks):
-        for name in ("symmetric_sampler", "symmetric_uneven", "symmetric_empty_rank", "symmetric_blocks"):
+        for name in SYMMETRIC:
             _assert_identical(outcomes[name], expected, f"world_size=4 rank={rank} {name}")
 
 
