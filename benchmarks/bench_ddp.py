@@ -141,12 +141,16 @@ def main() -> None:
                     )
                     speedups.setdefault(f"{world} ranks, {mode}", []).append(one.seconds[1] / ranks.seconds[1])
                     cpu_ratios.setdefault(f"{world} ranks, {mode}", []).append(ranks.cpu / one.cpu)
-                    memory = f"; working memory per rank {ranks.mib:.0f} MiB ({ranks.mib / one.mib:.2f}x of 1 process)"
+                    memory = (
+                        f"; working memory per rank {ranks.mib:.0f} MiB ({ranks.mib / one.mib:.2f}x of 1 process)"
+                        if round_ == 0
+                        else ""
+                    )
                     print(
                         f"  {world} ranks, {mode}: first call {ranks.seconds[0]:.2f} s = "
                         f"{one.seconds[0] / ranks.seconds[0]:.2f}x faster than 1 process, later calls "
                         f"{ranks.seconds[1]:.2f} s = {one.seconds[1] / ranks.seconds[1]:.2f}x (CPU summed over the "
-                        f"ranks {ranks.cpu:.2f} s = {ranks.cpu / one.cpu:.2f}x){memory if round_ == 0 else ''}, "
+                        f"ranks {ranks.cpu:.2f} s = {ranks.cpu / one.cpu:.2f}x){memory}, "
                         f"identical: {same}"
                     )
         if args.rounds > 1:

@@ -38,7 +38,7 @@ from torchmetrics_retrieval.functional._search.certify import order_by_distance_
 from torchmetrics_retrieval.functional._search.compiled.order import merge_sorted
 from torchmetrics_retrieval.functional._search.problem import make_problem
 from torchmetrics_retrieval.functional._search.rounds import Search
-from torchmetrics_retrieval.functional._search.types import KNNResult
+from torchmetrics_retrieval.functional._search.types import KNNResult, consecutive_start
 from torchmetrics_retrieval.functional._sets import QueryGallery
 from torchmetrics_retrieval.metrics._shard_gather import gather
 
@@ -138,9 +138,7 @@ def _fold(best: Found, rows: slice, found: Found, k: int) -> None:
 
 def _local_rows(local: Tensor, rows: Tensor) -> Tensor:
     """``local[rows]``, without a copy when ``rows`` are every local row in order (the usual layout of a shard)."""
-    if rows.numel() == local.shape[0] and bool((rows == torch.arange(rows.numel(), device=rows.device)).all()):
-        return local
-    return local[rows]
+    return local if rows.numel() == local.shape[0] and consecutive_start(rows) == 0 else local[rows]
 
 
 def _kth(found: Found) -> Tensor:

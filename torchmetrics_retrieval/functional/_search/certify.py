@@ -20,7 +20,7 @@ from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional._search.compiled.order import mixed_runs, order_runs, ranked_columns, sort_by_key
 from torchmetrics_retrieval.functional._search.keys import Float64Rows, canonical_dots, distances_from_dots, order_key
 from torchmetrics_retrieval.functional._search.problem import Candidates, Problem
-from torchmetrics_retrieval.functional._search.types import RelevanceFn
+from torchmetrics_retrieval.functional._search.types import RelevanceFn, consecutive_start
 
 __all__ = ["Ranked", "canonical_distances", "cap_keys", "key_tolerance", "order_by_distance_then_position", "rank"]
 
@@ -33,10 +33,7 @@ def canonical_distances(problem: Problem, rows: Tensor, pair_rows: Tensor, pair_
     """Float64 distances of the pairs ``(rows[pair_rows[i]], pair_cols[i])``, computed pair by pair."""
     # the rows themselves, never a copy of many: rows read on demand, or consecutive rows (every row of the problem,
     # or a part of a round) read in place
-    start = int(rows[0]) if rows.numel() else 0
-    whole = isinstance(problem.query64, Float64Rows) or bool(
-        (rows == torch.arange(start, start + rows.numel(), device=rows.device)).all()
-    )
+    whole = isinstance(problem.query64, Float64Rows) or consecutive_start(rows) is not None
     query64, at = (problem.query64, rows[pair_rows]) if whole else (problem.query64[rows], pair_rows)
     q_sq = problem.query_sq64[rows]
 

@@ -14,6 +14,7 @@ from torchmetrics_retrieval.functional._search.certify import cap_keys
 from torchmetrics_retrieval.functional._search.problem import Candidates, Problem, rounding_terms
 from torchmetrics_retrieval.functional._search.stream_topk import BlockMemory, stream_topk, stream_topk_symmetric
 from torchmetrics_retrieval.functional._search.symmetric_sweep import SymmetricSweep
+from torchmetrics_retrieval.functional._search.types import consecutive_start
 
 __all__ = ["SymmetricKeys", "TorchStage"]
 
@@ -150,8 +151,8 @@ class TorchStage:
 
     def _sweep_take(self, rows: Tensor, kp: int) -> Candidates | None:
         """The candidates of consecutive ``rows`` from the symmetric sweep (None: not the sweep's next rows)."""
-        start = int(rows[0])
-        if not bool((rows == torch.arange(start, start + rows.numel(), device=rows.device)).all()):
+        start = consecutive_start(rows)
+        if start is None:
             return None
         if self._sweep is None:
             mask = functools.partial(self.problem.exclusions.fill_excluded_, value=float("inf"))

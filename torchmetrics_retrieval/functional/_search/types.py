@@ -27,6 +27,7 @@ __all__ = [
     "KNNBackend",
     "KNNResult",
     "RelevanceFn",
+    "consecutive_start",
 ]
 
 Distance = Literal["euclidean", "sqeuclidean", "cosine", "dot"]
@@ -35,6 +36,17 @@ DISTANCES: tuple[str, ...] = get_args(Distance)
 BACKENDS: tuple[str, ...] = get_args(KNNBackend)
 #: ``(query positions (R,), gallery positions (R, n)) -> (R, n) bool``: which retrieved items are relevant.
 RelevanceFn = Callable[[Tensor, Tensor], Tensor]
+
+
+def consecutive_start(rows: Tensor) -> int | None:
+    """The first of ``rows`` when they are consecutive positions ``start, start + 1, ...`` (0 when empty), else None:
+    such rows can be read as a slice, in place.
+
+    >>> consecutive_start(torch.tensor([4, 5, 6])), consecutive_start(torch.tensor([4, 6]))
+    (4, None)
+    """
+    start = int(rows[0]) if rows.numel() else 0
+    return start if bool((rows == torch.arange(start, start + rows.numel(), device=rows.device)).all()) else None
 
 
 class KNNResult(NamedTuple):
