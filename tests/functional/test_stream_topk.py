@@ -12,7 +12,6 @@ from torchmetrics_retrieval.functional import knn
 from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional._search.plan import SEGMENT, SIGMAS
 from torchmetrics_retrieval.functional._search.stream_topk import (
-    BlockMemory,
     product_keys,
     sample_size,
     sample_thresholds,
@@ -45,57 +44,6 @@ def test_column_scan_on_a_non_contiguous_block() -> None:
     tau = torch.full((SEGMENT,), 0.1)
     c, r, v = _below_by_column(keys, tau)
     assert (c.tolist(), r.tolist(), v.tolist()) == expected_by_row(keys.T, tau)
-
-
-def test_column_scan_on_a_block_with_padded_rows() -> None:
-    # stage-1 blocks on the CPU are views of rows padded to a multiple of 16 entries (BlockMemory); the padding
-    # holds keys below every threshold, which no scan may read
-    wide = torch.rand(3 * SEGMENT, 2 * SEGMENT + 16, generator=torch.Generator().manual_seed(1))
-    wide[:, 2 * SEGMENT + 5 :] = -1.0
-    keys = wide[:, : 2 * SEGMENT + 5]
-    tau = torch.full((keys.shape[1],), 0.1)
-    for found in (_below_by_column(keys, tau), _below_by_row(keys.T, tau)):
-        assert [t.tolist() for t in found] == list(expected_by_row(keys.T, tau))
-
-
-def test_block_memory_pads_the_rows_of_cpu_blocks_only_when_asked() -> None:
-    like = torch.zeros(1)
-    block = BlockMemory(row_align=16)(3, 37, like)
-    assert block.shape == (3, 37) and block.stride() == (48, 1)
-    assert BlockMemory(row_align=16)(3, 32, like).is_contiguous()
-    assert BlockMemory()(3, 37, like).is_contiguous()
-    assert BlockMemory(row_align=16)(3, 37, torch.zeros(1, device="meta")).is_contiguous()  # off the CPU: unpadded
-
-
-@pytest.mark.parametrize("columns", [False, True], ids=["rows", "rows and columns"])
-def test_compiled_scans_read_padded_rows_in_place_and_skip_the_padding(columns: bool) -> None:
-    pytest.importorskip("numba")
-    from torchmetrics_retrieval.functional._search.compiled.buffer import CompiledBuffer, block_rows
-
-    g = torch.Generator().manual_seed(8)
-    n_rows, n_cols, kp = 40, 37, 5
-    block = BlockMemory(row_align=16)(n_rows, n_cols, torch.zeros(1))
-    block.as_strided((n_rows, 48), (48, 1)).fill_(-1.0)  # the padding: below every threshold
-    block.copy_(torch.rand(n_rows, n_cols, generator=g))
-    rows, width = block_rows(block)
-    assert width == n_cols and rows.shape == (n_rows, 48) and np.shares_memory(rows, block.numpy())
-
-    def scanned(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        buffer = CompiledBuffer(kp, torch.full((n_rows + n_cols,), 0.5), plan.buffer_width(kp))
-        if columns:  # the block of rows 0..40 against columns 40..77 of a set searched against itself
-            buffer.add_both(slice(0, n_rows), keys, slice(n_rows, n_rows + n_cols))
-        else:
-            buffer.add_filtered(slice(0, n_rows), keys, n_rows)
-        return buffer.result()
-
-    in_place, copied = scanned(block), scanned(block.contiguous())
-    for u, v in zip(in_place, copied, strict=True):
-        assert torch.equal(u, v)
-    keys, items, _ = in_place
-    expected = block.sort(dim=1).values[:, :kp]
-    assert torch.equal(keys[:n_rows], expected) and bool((items[:n_rows] >= n_rows).all())
-    if columns:
-        assert torch.equal(keys[n_rows:], block.T.sort(dim=1).values[:, :kp])
 
 
 @pytest.mark.parametrize("estimate", [False, True])

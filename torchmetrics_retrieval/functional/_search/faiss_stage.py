@@ -90,7 +90,7 @@ class FaissStage:
         problem, device = self.problem, rows.device
         query = problem.stage_query(rows)
         exclusions = problem.exclusions.take(rows)
-        key_fn = addmm_keys(query, self.gallery, self.bias, self.alpha, plan.KEY_ROW_ALIGN)
+        key_fn = addmm_keys(query, self.gallery, self.bias, self.alpha)
         mask = functools.partial(exclusions.fill_excluded_, value=float("inf"))
         tau, crowded = sample_thresholds(
             rows.numel(), problem.gallery.shape[0], key_fn, kp, mask, plan.STAGE1_ROWS, True

@@ -54,9 +54,6 @@ MAX_MARGIN = 64
 #: Rows and columns of a stage-1 block of the torch backend.
 STAGE1_ROWS = 512
 STAGE1_COLUMNS = 4096
-#: The rows of a stage-1 block of keys on the CPU start every this many entries (``stream_topk.BlockMemory``): the
-#: last block of a row of blocks, whose width is the remainder, is then computed as fast as the others.
-KEY_ROW_ALIGN = 16
 #: Width of the segments whose minima prune a block before any exact comparison (torch buffer).
 SEGMENT = 32
 #: A transposed scan gathers its passing column segments unless more than 1 in this many pass.

@@ -71,33 +71,22 @@ def _add(buffer: TorchBuffer | CompiledBuffer, rows: slice, keys: Tensor, col0: 
 
 class BlockMemory:
     """One output buffer reused by every key block of a search: a block is valid until the next is made
-    (no new 8 MB block for every product).
+    (no new 8 MB block for every product)."""
 
-    With ``row_align``, a block's rows on the CPU start every multiple of that many entries (a view of wider rows):
-    a float32 product written to rows of an odd length took 1.3-1.6x the time of one written to rows padded to 16
-    entries (OpenBLAS, 512 x 130 by 130 x 2571 or 4095, one thread).
-
-    >>> BlockMemory(row_align=16)(2, 21, torch.zeros(1)).stride()
-    (32, 1)
-    """
-
-    def __init__(self, row_align: int = 1) -> None:
+    def __init__(self) -> None:
         self.memory: Tensor | None = None
-        self.row_align = row_align
 
     def __call__(self, n_rows: int, n_cols: int, like: Tensor) -> Tensor:
-        align = self.row_align if like.device.type == "cpu" else 1
-        stride = -(-n_cols // align) * align
-        size = n_rows * stride
+        size = n_rows * n_cols
         if self.memory is None or self.memory.numel() < size:
             self.memory = torch.empty(size, dtype=like.dtype, device=like.device)
-        return self.memory[:size].view(n_rows, stride)[:, :n_cols]
+        return self.memory[:size].view(n_rows, n_cols)
 
 
-def addmm_keys(query: Tensor, gallery: Tensor, bias: Tensor, alpha: float, row_align: int = 1) -> KeyFn:
+def addmm_keys(query: Tensor, gallery: Tensor, bias: Tensor, alpha: float) -> KeyFn:
     """The keys ``bias[g] + alpha * <q, g>`` of query rows against gallery columns (a slice or positions),
-    each block valid until the next (rows aligned as in :class:`BlockMemory`)."""
-    memory = BlockMemory(row_align)
+    each block valid until the next."""
+    memory = BlockMemory()
 
     def key_fn(rows: slice, cols: slice | Tensor) -> Tensor:
         left, right = query[rows], gallery[cols]
@@ -163,7 +152,7 @@ def sample_thresholds(
         sample, tau, crowded = sample.to(keys.device), tau.to(keys.device), crowded.to(keys.device)
         mask_fn(keys, rows, sample)
         if fold:
-            keys = keys.unflatten(1, (plan.FOLD, -1)).amin(dim=1)
+            keys = keys.view(keys.shape[0], plan.FOLD, -1).amin(dim=1)
         tau[rows] = torch.topk(keys, rank, dim=1, largest=False, sorted=False).values.amax(dim=1)
         largest = torch.where(keys < float("inf"), keys.abs(), 0.0).amax(dim=1)
         tau[rows] += (tau[rows].abs() + largest) * 1e-5
@@ -224,7 +213,7 @@ def stream_topk(
         every key of a query that is not among its candidates is >= its floor.
     """
 
-    key_fn = addmm_keys(query, gallery, bias, alpha, plan.KEY_ROW_ALIGN)
+    key_fn = addmm_keys(query, gallery, bias, alpha)
     n_query, n_gallery = query.shape[0], gallery.shape[0]
     tau = _first_thresholds(n_query, n_gallery, key_fn, kp, mask_fn, rows_per_chunk, estimate, ceiling)
     buffer = _new_buffer(kp, tau, n_gallery, compiled)

@@ -26,7 +26,6 @@ from torch import Tensor
 from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional._search.compiled.buffer import (
     CompiledBuffer,
-    block_rows,
     kernel_threads,
     load_kernels,
     mapped_empty,
@@ -193,10 +192,10 @@ class SymmetricSweep:
     ) -> tuple[Spill | None, int]:
         """Scan a block for its rows and spill its columns; when the lists would outgrow the budget, drop
         the group's whole spill and finish the block for its rows only."""
-        values, n_cols = block_rows(block)
+        values = block.detach().contiguous().numpy()
         n_threads = kernel_threads()
-        buffer.passing = marks(buffer.passing, n_threads, n_cols)
-        column_tau = self.column_tau[col0 : col0 + n_cols]
+        buffer.passing = marks(buffer.passing, n_threads, values.shape[1])
+        column_tau = self.column_tau[col0 : col0 + values.shape[1]]
         # one thread: the plain scan; more: the same lists from row ranges, after a pass counting each row's entries
         scan, passing = (
             (self.kernels.scan_spill, buffer.passing[0])
@@ -207,12 +206,12 @@ class SymmetricSweep:
         done = 0
         while True:
             part = values[done:]
-            scanned, count = scan(part, n_cols, local.start + done, row0 + done, col0, *state, spill, count)
+            scanned, count = scan(part, local.start + done, row0 + done, col0, *state, spill, count)
             done += scanned
             if done == values.shape[0]:
                 return spill, count
             room = (self.spill_bytes - self.spilled_bytes) // 12
-            if room < count + n_cols:  # over budget: the later groups compute these pairs
+            if room < count + values.shape[1]:  # over budget: the later groups compute these pairs
                 buffer.add_filtered(slice(local.start + done, local.stop), block[done:], col0)
                 return None, 0
             capacity = min(room, 2 * spill[0].shape[0])

@@ -48,16 +48,16 @@ def _below_by_column(keys: Tensor, tau: Tensor) -> tuple[Tensor, Tensor, Tensor]
     block; the few passing segments are gathered with ``take``. When many pass (a loose threshold), one
     transposed copy of the block and the row-wise scan are cheaper.
     """
-    n_rows = keys.shape[0]
-    if n_rows % plan.SEGMENT or keys.stride(1) != 1:  # (rows may be padded: see ``stream_topk.BlockMemory``)
+    n_rows, n_cols = keys.shape
+    if n_rows % plan.SEGMENT or not keys.is_contiguous():
         return _below_by_row(keys.T.contiguous(), tau)
     per_column = n_rows // plan.SEGMENT
-    minima = keys.unflatten(0, (per_column, plan.SEGMENT)).amin(dim=1)  # (segments, columns)
+    minima = keys.view(per_column, plan.SEGMENT, n_cols).amin(dim=1)  # (segments, columns)
     cols, segments = torch.nonzero((minima < tau[None, :]).T, as_tuple=True)  # sorted by column
     if cols.numel() * plan.TRANSPOSE_SHARE > minima.numel():
         return _below_by_row(keys.T.contiguous(), tau)
     rows = segments[:, None] * plan.SEGMENT + torch.arange(plan.SEGMENT, device=keys.device)  # (P, SEGMENT)
-    values = keys[rows, cols[:, None]]
+    values = keys.take(rows * n_cols + cols[:, None])
     hits = torch.nonzero((values < tau.index_select(0, cols)[:, None]).view(-1)).squeeze(1)
     strip = torch.div(hits, plan.SEGMENT, rounding_mode="floor")
     return cols.index_select(0, strip), rows.view(-1).index_select(0, hits), values.view(-1).index_select(0, hits)

@@ -29,10 +29,10 @@ class SymmetricKeys:
     symmetric case; the keys of (i, j) and (j, i) may differ by rounding, each within that bound.
     """
 
-    def __init__(self, x: Tensor, half_sq: Tensor | None, row_align: int = 1) -> None:
+    def __init__(self, x: Tensor, half_sq: Tensor | None) -> None:
         self.dim = x.shape[1]
         self.rows = x if half_sq is None else torch.cat([x, half_sq[:, None], torch.ones_like(x[:, :1])], dim=1)
-        self.memory = BlockMemory(row_align)
+        self.memory = BlockMemory()
         self.left: tuple[slice | None, Tensor | None] = (None, None)  # the left rows of the last row block
 
     @property
@@ -76,8 +76,7 @@ class TorchStage:
         self.cols = max(1, min(plan.STAGE1_COLUMNS, chunk_size or plan.STAGE1_COLUMNS, gallery.shape[0]))
         self.symmetric = problem.symmetric
         if self.symmetric:  # one copy of the rows serves the symmetric keys and, as a view, the other rounds
-            half_sq = None if gallery_sq is None else gallery_sq / 2
-            self.symmetric_keys = SymmetricKeys(gallery, half_sq, plan.KEY_ROW_ALIGN)
+            self.symmetric_keys = SymmetricKeys(gallery, None if gallery_sq is None else gallery_sq / 2)
             gallery = self.symmetric_keys.x
         self.gallery = gallery
         self._all_rows: Candidates | None = None

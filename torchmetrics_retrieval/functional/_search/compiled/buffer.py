@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["CompiledBuffer", "block_rows", "kernel_threads", "load_kernels", "mapped_empty", "marks"]
+__all__ = ["CompiledBuffer", "kernel_threads", "load_kernels", "mapped_empty", "marks"]
 
 
 def load_kernels() -> ModuleType:
@@ -61,27 +61,6 @@ def mapped_empty(shape: tuple[int, ...], dtype: type[np.generic]) -> np.ndarray:
     array: np.ndarray = np.empty(shape, dtype)
     array.reshape(-1)[:: max(1, 4096 // array.itemsize)] = 0
     return array
-
-
-def block_rows(block: Tensor) -> tuple[np.ndarray, int]:
-    """``(rows, n_cols)``: the rows of a key block as one C-contiguous array, each row holding the block's
-    ``n_cols`` entries first, then the padding of its stride (``stream_topk.BlockMemory``'s blocks, read in place).
-
-    The kernels read C-contiguous rows: given a strided view, numba compiles code several times slower.
-
-    >>> wide = torch.arange(12.0).view(3, 4)
-    >>> rows, n_cols = block_rows(wide[:, :3])
-    >>> rows.shape, n_cols, np.shares_memory(rows, wide.numpy())
-    ((3, 4), 3, True)
-    >>> block_rows(wide[1:, 1:])[0].shape  # a padded last row would pass the end of the storage: a copy
-    (2, 3)
-    """
-    block = block.detach()
-    (n_rows, n_cols), stride = block.shape, block.stride(0)
-    end = block.storage_offset() + n_rows * stride
-    if block.stride(1) == 1 and stride >= n_cols and end <= block.untyped_storage().nbytes() // block.element_size():
-        return block.as_strided((n_rows, stride), (stride, 1)).numpy(), n_cols
-    return block.contiguous().numpy(), n_cols
 
 
 def marks(passing: np.ndarray, n_threads: int, n_cols: int) -> np.ndarray:
@@ -126,10 +105,10 @@ class CompiledBuffer:
         self._scan(rows, block, cols.start, columns=True)
 
     def _scan(self, rows: slice, block: Tensor, col0: int, columns: bool) -> None:
-        values, n_cols = block_rows(block)
-        self.passing = marks(self.passing, kernel_threads(), n_cols)
+        values = block.detach().contiguous().numpy()
+        self.passing = marks(self.passing, kernel_threads(), values.shape[1])
         state = (self.keys, self.items, self.fill, self.tau, self.kp, self.passing, columns)
-        self.kernels.scan(values, n_cols, rows.start, col0, *state)
+        self.kernels.scan(values, rows.start, col0, *state)
 
     def result(self) -> tuple[Tensor, Tensor, Tensor]:
         """``(keys (R, kp), gallery positions (R, kp), floors (R,))`` as ``TorchBuffer.result``, each row

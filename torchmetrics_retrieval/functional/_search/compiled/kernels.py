@@ -110,12 +110,11 @@ one, top_byte = np.uint64(1), np.uint64(56)
 
 
 @jit
-def scan_rows(block, n_cols, a0, a1, row0, col0, keys, items, fill, tau, kp, passing):
+def scan_rows(block, a0, a1, row0, col0, keys, items, fill, tau, kp, passing):
     # Block rows a0..a1 for their row queries: a vectorised compare marks the entries below the row's
     # threshold, then only the 8-entry words with a mark are visited, mark by mark (lowest set bit
-    # first). Thresholds only fall, so a mark is checked again before its append. Only the first
-    # ``n_cols`` entries of a block row are keys (see ``buffer.block_rows``).
-    width = keys.shape[1]
+    # first). Thresholds only fall, so a mark is checked again before its append.
+    width, n_cols = keys.shape[1], block.shape[1]
     words = passing.view(np.uint64)
     for a in range(a0, a1):
         row, line = row0 + a, block[a]
@@ -185,7 +184,7 @@ def scan_fused(block, a0, a1, b0, b1, row0, col0, keys, items, fill, tau, kp, pa
 
 
 @pjit
-def scan(block, n_cols, row0, col0, keys, items, fill, tau, kp, passing, columns):
+def scan(block, row0, col0, keys, items, fill, tau, kp, passing, columns):
     # The entries of a key block below their query's threshold appended to that query's buffer, by
     # ``n_threads = len(passing)`` threads, each with its own marks ``passing[t]``.
     #
@@ -197,11 +196,11 @@ def scan(block, n_cols, row0, col0, keys, items, fill, tau, kp, passing, columns
     # receive its entries in another order than a serial scan gives them: that can change which of several
     # exactly tied keys a full buffer keeps at its threshold, never a certified answer (``certify``), so
     # results do not depend on the number of threads.
-    n_threads, n_rows = passing.shape[0], block.shape[0]
+    n_threads, (n_rows, n_cols) = passing.shape[0], block.shape
     if not columns:
         for t in prange(n_threads):
             a0, a1 = n_rows * t // n_threads, n_rows * (t + 1) // n_threads
-            scan_rows(block, n_cols, a0, a1, row0, col0, keys, items, fill, tau, kp, passing[t])
+            scan_rows(block, a0, a1, row0, col0, keys, items, fill, tau, kp, passing[t])
         return
     for step in range(n_threads):
         for t in prange(n_threads):
@@ -212,13 +211,13 @@ def scan(block, n_cols, row0, col0, keys, items, fill, tau, kp, passing, columns
 
 
 @jit
-def scan_spill(block, n_cols, row0, item0, col0, keys, items, fill, tau, kp, passing, column_tau, spill, count):
+def scan_spill(block, row0, item0, col0, keys, items, fill, tau, kp, passing, column_tau, spill, count):
     # ``scan`` with the column side spilled: an entry below its column query's (fixed) threshold
     # ``column_tau`` is listed as (column query, item ``item0 + row``, key) in ``spill`` (three arrays) from
     # ``count`` on. Stops before a row whose columns might not fit the lists; returns (that row, count).
     # (The row side is written out as in ``scan``: a shared helper made the scans twice as slow.)
     targets, sources, values = spill
-    width = keys.shape[1]
+    width, n_cols = keys.shape[1], block.shape[1]
     words = passing.view(np.uint64)
     for a in range(block.shape[0]):
         if count + n_cols > targets.shape[0]:
@@ -254,11 +253,11 @@ def scan_spill(block, n_cols, row0, item0, col0, keys, items, fill, tau, kp, pas
 
 
 @pjit
-def scan_spill_rows(block, n_cols, row0, item0, col0, keys, items, fill, tau, kp, passing, column_tau, spill, count):
+def scan_spill_rows(block, row0, item0, col0, keys, items, fill, tau, kp, passing, column_tau, spill, count):
     # ``scan_spill`` by ``n_threads = len(passing)`` threads over row ranges, with the very same result: the
     # column entries of each row are counted first, so that every row knows where its entries go in the lists
     # (in row order, as one thread lists them) and where a serial scan would stop.
-    n_threads, n_rows = passing.shape[0], block.shape[0]
+    n_threads, (n_rows, n_cols) = passing.shape[0], block.shape
     ends = np.empty(n_rows, np.int64)
     for t in prange(n_threads):
         for a in range(n_rows * t // n_threads, n_rows * (t + 1) // n_threads):
@@ -278,7 +277,7 @@ def scan_spill_rows(block, n_cols, row0, item0, col0, keys, items, fill, tau, kp
         if a0 < a1:
             start = count if a0 == 0 else ends[a0 - 1]
             state = (keys, items, fill, tau, kp, passing[t], column_tau, spill)
-            scan_spill(block[a0:a1], n_cols, row0 + a0, item0 + a0, col0, *state, start)
+            scan_spill(block[a0:a1], row0 + a0, item0 + a0, col0, *state, start)
     return stop, end
 
 
