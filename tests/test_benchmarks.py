@@ -117,3 +117,19 @@ def test_shard_work_models_the_sharded_search(world: int) -> None:
         assert bool(valid.all())
         assert torch.equal(items, whole.indices[rows])
         assert torch.equal(distances, whole.distances[rows])
+
+
+@pytest.mark.slow
+def test_ddp_measures_sharded_families_identical_to_one_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench_ddp's measuring function on 2 gloo ranks, no timing asserted: positive times, identical values."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # the spawned ranks import the benchmark and _common by name
+    _load("_common")
+    ddp = _load("bench_ddp")
+    for family in ("pairs", "contrastive"):
+        records = ddp.measure(family, 600, ranks=(2,), rounds=1, memory=False)
+        assert [(r["family"], r["ranks"], r["round"]) for r in records] == [(family, 1, 0), (family, 2, 0)]
+        for record in records:
+            assert record["seconds"] > 0 and record["one_seconds"] > 0 and record["cpu"] > 0
+            assert record["identical"] and record["memory_mib"] is None
+        (line,) = ddp.summary(records)
+        assert line.startswith(family) and "identical True" in line

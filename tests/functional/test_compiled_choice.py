@@ -7,14 +7,15 @@ import pytest
 import torch
 
 import torchmetrics_retrieval.functional as F
-from torchmetrics_retrieval.functional import _full_ranking
+from torchmetrics_retrieval.functional._ranks import count as _full_ranking
+from torchmetrics_retrieval.functional._ranks import plan as ranks_plan
 from torchmetrics_retrieval.functional._search import plan, stream_topk
 
 
 def test_every_chunk_of_the_full_ranking_count_takes_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     g = torch.Generator().manual_seed(0)
     x, labels = torch.randn(90, 4, generator=g), torch.randint(0, 5, (90,), generator=g)
-    monkeypatch.setattr(_full_ranking, "_BUDGET_ENTRIES", 200)  # chunks of a few queries, the last one smaller
+    monkeypatch.setattr(ranks_plan, "BUDGET_ENTRIES", 200)  # chunks of a few queries, the last one smaller
     monkeypatch.setattr(plan, "MIN_PAIRS", 90 * 90)  # the whole count is large enough, no chunk of it is
     chosen: list[bool] = []
     original = _full_ranking._Counter.__init__

@@ -12,6 +12,7 @@ import torch
 
 import torchmetrics_retrieval.functional as F
 from tests import reference
+from torchmetrics_retrieval.functional._ranks import plan as ranks_plan
 from torchmetrics_retrieval.functional._search import plan
 
 PATHS = pytest.mark.parametrize("compiled", [True, False], ids=["compiled kernels", "torch passes"])
@@ -132,8 +133,8 @@ def test_continuous_data_against_pytorch_metric_learning(compiled: bool) -> None
 
 def test_the_two_counting_paths_agree_rank_by_rank() -> None:
     """Ranks of every relevant item, from the compiled kernels and from the torch passes, on near-ties."""
-    from torchmetrics_retrieval.functional._full_ranking import relevant_ranks
     from torchmetrics_retrieval.functional._options import RetrievalOptions
+    from torchmetrics_retrieval.functional._ranks.count import relevant_ranks
     from torchmetrics_retrieval.functional._sets import split_query_gallery
 
     g = torch.Generator().manual_seed(6)
@@ -156,10 +157,9 @@ def test_the_two_counting_paths_agree_rank_by_rank() -> None:
 @PATHS
 def test_query_chunks_give_the_same_ranks(compiled: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Queries are processed in chunks under a memory budget (no symmetric blocks then): same values."""
-    from torchmetrics_retrieval.functional import _full_ranking
 
     x, labels = tied_data(90, seed=8)
-    monkeypatch.setattr(_full_ranking, "_BUDGET_ENTRIES", 100)  # a few queries per chunk
+    monkeypatch.setattr(ranks_plan, "BUDGET_ENTRIES", 100)  # a few queries per chunk
     with plan.force_compiled(compiled):
         got = ours(x, labels, chunk_size=16)
     assert got == pytest.approx(full_metrics(reference.leave_one_out(x, labels)), abs=1e-6)
@@ -168,7 +168,7 @@ def test_query_chunks_give_the_same_ranks(compiled: bool, monkeypatch: pytest.Mo
 def test_rows_with_more_near_ties_than_the_buffer_holds(monkeypatch: pytest.MonkeyPatch) -> None:
     """A row's near ties beyond the kernel's buffer are listed by a second scan of the block: same values."""
     x, labels = tied_data(90, seed=9)
-    monkeypatch.setattr(plan, "AMBIGUOUS_PER_ROW", 1)
+    monkeypatch.setattr(ranks_plan, "AMBIGUOUS_PER_ROW", 1)
     with plan.force_compiled(True):
         got = ours(x, labels, chunk_size=32)
     assert got == pytest.approx(full_metrics(reference.leave_one_out(x, labels)), abs=1e-6)

@@ -11,7 +11,10 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score, roc_curve
 
-from torchmetrics_retrieval.functional import _pair_auc, _pair_passes, _pair_quantiles, _pair_windows
+from torchmetrics_retrieval.functional._pairs import auc as _pair_auc
+from torchmetrics_retrieval.functional._pairs import passes as _pair_passes
+from torchmetrics_retrieval.functional._pairs import quantiles as _pair_quantiles
+from torchmetrics_retrieval.functional._pairs import windows as _pair_windows
 from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional.verification import fnmr_at_fmr
 

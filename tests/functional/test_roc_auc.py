@@ -71,9 +71,9 @@ def test_leave_one_out_matches_scikit_learn(kind: str, distance: str) -> None:
 def test_any_lookup_table_places_the_negatives_exactly(buckets: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The compiled kernel's table over the positives: every positive in one bucket (binary search), a few
     crowded buckets, or one bucket per positive (many empty ones, read without touching a positive)."""
-    from torchmetrics_retrieval.functional import _pair_auc
+    from torchmetrics_retrieval.functional._pairs import plan as pairs_plan
 
-    monkeypatch.setattr(_pair_auc, "_LUT_ENTRIES", buckets)
+    monkeypatch.setattr(pairs_plan, "LUT_ENTRIES", buckets)
     for kind in ("integer ties", "continuous"):
         x, labels = data(kind, n=64, seed=5)
         positive = (labels[:, None] == labels[None, :]).numpy()

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchmetrics_retrieval.functional import _pair_quantiles
+from torchmetrics_retrieval.functional._pairs import plan as pairs_plan
 from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional.verification import det_curve, fnmr_at_fmr, fnmr_at_fmr_from_distances
 
@@ -140,8 +140,8 @@ def test_given_distances_match_numpy(pos: list[float], neg: list[float], fmrs: l
     neg64 = np.array(neg, dtype=np.float32).astype(np.float64)
     expected = reference_fnmr(pos64, neg64, tuple(fmrs))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_pair_quantiles, "N_BUCKETS", n_buckets)  # few buckets: many values and ranks per bucket
-        mp.setattr(_pair_quantiles, "MERGE_EVERY", 3)
+        mp.setattr(pairs_plan, "N_BUCKETS", n_buckets)  # few buckets: many values and ranks per bucket
+        mp.setattr(pairs_plan, "MERGE_EVERY", 3)
         got = fnmr_at_fmr_from_distances(torch.tensor(pos, dtype=torch.float32), torch.tensor(neg), fmrs)
     assert got.tolist() == pytest.approx(expected, abs=1e-6)
 
@@ -224,7 +224,7 @@ def test_many_buckets_collapsed() -> None:
     x, labels = integer_data(25, 2, 3, seed=13)
     positives, negatives = reference_pairs(x, labels, distance="sqeuclidean")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_pair_quantiles, "N_BUCKETS", 2)
+        mp.setattr(pairs_plan, "N_BUCKETS", 2)
         got = fnmr_at_fmr(x, labels, fmr_vals=FMRS, distance="sqeuclidean", chunk_size=4)
     assert [got[f"fnmr@fmr/{f}"].item() for f in FMRS] == pytest.approx(reference_fnmr(positives, negatives, FMRS))
 

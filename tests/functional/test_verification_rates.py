@@ -11,7 +11,7 @@ import pytest
 import torch
 from sklearn.metrics import roc_curve
 
-from torchmetrics_retrieval.functional import _pair_quantiles
+from torchmetrics_retrieval.functional._pairs import plan as pairs_plan
 from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional.verification import fnmr_at_fmr
 
@@ -65,7 +65,7 @@ def test_eer_and_min_dcf_match_the_references(
 ) -> None:
     x, labels = data(kind, seed)
     d, positive = pairs(x, labels, distance)
-    monkeypatch.setattr(_pair_quantiles, "N_BUCKETS", n_buckets)
+    monkeypatch.setattr(pairs_plan, "N_BUCKETS", n_buckets)
     targets, costs = (0.01, 0.3, 0.5), (2.0, 0.5)
     with plan.force_compiled(compiled):
         got = fnmr_at_fmr(

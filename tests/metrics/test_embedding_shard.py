@@ -19,9 +19,9 @@ from tests.metrics.test_embedding_ddp import _by_sampler as by_sampler
 from tests.metrics.test_embedding_ddp import _by_shards as by_shards
 from tests.metrics.test_embedding_ddp import _outcome
 from torchmetrics_retrieval.functional import retrieval_metrics
-from torchmetrics_retrieval.functional._full_ranking import relevant_ranks
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._per_query import count_relevant
+from torchmetrics_retrieval.functional._ranks.count import relevant_ranks
 from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional._search.problem import make_problem
 from torchmetrics_retrieval.functional._sets import QueryGallery, split_query_gallery

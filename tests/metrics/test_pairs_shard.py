@@ -21,12 +21,11 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from tests.metrics._distributed import run_distributed
 from tests.metrics._helpers import ALL_RANKING, make_data
-from torchmetrics_retrieval.functional import _pair_quantiles, fnmr_at_fmr, retrieval_metrics
+from torchmetrics_retrieval.functional import fnmr_at_fmr, retrieval_metrics
 from torchmetrics_retrieval.functional._options import RetrievalOptions
-from torchmetrics_retrieval.functional._pair_passes import PairPasses
+from torchmetrics_retrieval.functional._pairs import plan as pairs_plan
+from torchmetrics_retrieval.functional._pairs.passes import PairPasses
 from torchmetrics_retrieval.functional._search import plan
-from torchmetrics_retrieval.functional._search.key_blocks import key_blocks
-from torchmetrics_retrieval.functional._search.problem import make_problem
 from torchmetrics_retrieval.functional._sets import split_query_gallery
 from torchmetrics_retrieval.metrics import EmbeddingMetrics, FNMRAtFMR, _shard, _shard_auc, _shard_pairs
 from torchmetrics_retrieval.metrics._shard_search import ShardedSet, gather
@@ -208,13 +207,13 @@ def _scenarios(rank: int, world_size: int) -> dict[str, Any]:
     _shard_pairs.ShardedPairs = _counting(calls, _shard_pairs.ShardedPairs)  # type: ignore[assignment,misc]
     _shard_auc.sharded_roc_auc = _counting(auc_calls, _shard_auc.sharded_roc_auc)
     for name, (metric, variant, options, feed) in SCENARIOS.items():
-        _pair_quantiles.N_BUCKETS = FEW_BUCKETS if name.startswith("few_buckets") else 2**16
+        pairs_plan.N_BUCKETS = FEW_BUCKETS if name.startswith("few_buckets") else 2**16
         before, auc_before = len(calls), len(auc_calls)
         fed = _fed(_metric(metric, {**options, "distributed": "shard"}), rank, world_size, _data(variant, metric), feed)
         with plan.force_compiled(True if name.endswith("compiled") else None):  # the compiled kernels on tiny data
             values = _values(fed)
         outcomes[name] = {**values, "sharded": len(calls) - before, "auc_sharded": len(auc_calls) - auc_before}
-    _pair_quantiles.N_BUCKETS = 2**16
+    pairs_plan.N_BUCKETS = 2**16
     outcomes["nan"] = _nan_cases(rank, world_size)
     outcomes["auc_sharded_total"] = len(auc_calls)
     if world_size > 1:  # a bad row on rank 1 only: every rank raises, none waits
@@ -232,7 +231,7 @@ def _scenarios(rank: int, world_size: int) -> dict[str, Any]:
 
 def _expected(name: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Tensor]:
     metric, variant, options, _ = SCENARIOS[name]
-    monkeypatch.setattr(_pair_quantiles, "N_BUCKETS", FEW_BUCKETS if name.startswith("few_buckets") else 2**16)
+    monkeypatch.setattr(pairs_plan, "N_BUCKETS", FEW_BUCKETS if name.startswith("few_buckets") else 2**16)
     data = _data(variant, metric)
     embeddings, labels = data.pop("embeddings"), data.pop("labels")
     with warnings.catch_warnings(), plan.force_compiled(True if name.endswith("compiled") else None):
@@ -317,27 +316,6 @@ def test_random_rows_depend_on_the_tiles() -> None:
     one_sided = _float32_distances(split_query_gallery(x, labels, x.clone(), labels), 4)
     off_diagonal = ~torch.eye(N, dtype=torch.bool)
     assert int((symmetric != one_sided)[off_diagonal].sum()) > 10
-
-
-@pytest.mark.parametrize("symmetric", [True, False])
-@pytest.mark.parametrize(
-    ("n_query", "n_gallery", "chunk_size"), [(29, 29, 4), (29, 17, None), (1100, 1030, None), (7, 5000, 3)]
-)
-def test_tiles_are_those_of_key_blocks(symmetric: bool, n_query: int, n_gallery: int, chunk_size: int | None) -> None:
-    """``_shard_pairs.tiles`` lists the tiles of one process's ``key_blocks``, in the same ranges."""
-    if symmetric:
-        n_gallery = n_query
-    x = torch.randn(n_query, 2)
-    g = x if symmetric else torch.randn(n_gallery, 2)
-    qg = split_query_gallery(
-        x, torch.zeros(n_query), None if symmetric else g, None if symmetric else torch.zeros(n_gallery)
-    )
-    problem = make_problem(qg.query, qg.gallery, "euclidean", qg.exclusions(), qg.same_set)
-    assert problem.symmetric == symmetric
-    made = [(b.rows, b.cols, b.mirrored) for b in key_blocks(problem, torch.arange(n_query), chunk_size, symmetric)]
-    rows, cols = _shard_pairs.tiles(n_query, n_gallery, chunk_size, symmetric)
-    listed = [(r, c, symmetric and r != c) for r in rows for c in cols if not symmetric or c.start >= r.start]
-    assert sorted(made, key=str) == sorted(listed, key=str)
 
 
 def test_pair_metrics_and_roc_auc_are_shardable() -> None:

@@ -22,9 +22,10 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional import ranking
 from torchmetrics_retrieval.functional._checks import check_positive_int
-from torchmetrics_retrieval.functional._full_ranking import _BUDGET_ENTRIES, relevant_ranks
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._progress import section
+from torchmetrics_retrieval.functional._ranks import plan as ranks_plan
+from torchmetrics_retrieval.functional._ranks.count import relevant_ranks
 from torchmetrics_retrieval.functional._search.certify import canonical_distances
 from torchmetrics_retrieval.functional._search.plan import symmetric_search_fits
 from torchmetrics_retrieval.functional._search.problem import make_problem
@@ -270,7 +271,7 @@ def _full_ranking_values(
         precision_sums = torch.zeros(full.shape[0], dtype=torch.float64, device=full.device)
         # the full ranking's budget of entries at a time: the float64 temporaries of all the ranks at once were
         # 4x the ranks (3.2 GB at N = 100k with 999 relevant items per query)
-        for rows in every.split(max(1, _BUDGET_ENTRIES // max(1, full.shape[1]))):
+        for rows in every.split(max(1, ranks_plan.BUDGET_ENTRIES // max(1, full.shape[1]))):
             part = full[rows].to(torch.float64)
             precision_sums[rows] = torch.where(part > 0, position[None, :] / part.clamp(min=1), 0.0).sum(dim=1)
         values["map"] = (precision_sums / n_relevant.clamp(min=1)).to(torch.float32)

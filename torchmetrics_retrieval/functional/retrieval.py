@@ -194,7 +194,7 @@ def _extra_metrics(
     """
     metrics: dict[str, Tensor] = {}
     if options.needs_pairs:
-        from torchmetrics_retrieval.functional._pair_rates import RateRequest
+        from torchmetrics_retrieval.functional._pairs.rates import RateRequest
         from torchmetrics_retrieval.functional.verification import pair_metrics
 
         request = RateRequest(options.eer, options.min_dcf_p_target, options.dcf_costs)

@@ -11,7 +11,7 @@ distances,
     \mathrm{FNMR@FMR}{=}f = \frac{\#\{i : u_i \ge T_f\}}{\#u}, \qquad \mathrm{TAR@FAR}{=}f = 1 - \mathrm{FNMR@FMR}{=}f.
 
 The value is exact, and no pair is materialised: the distance matrix is streamed block by block twice
-(``_pair_quantiles``). Memory is one distance block plus histograms and the distinct values collected
+(``functional._pairs.quantiles``). Memory is one distance block plus histograms and the distinct values collected
 near the thresholds.
 """
 
@@ -32,8 +32,8 @@ from torchmetrics_retrieval.functional._checks import (
     check_positive_int,
     describe,
 )
-from torchmetrics_retrieval.functional._pair_passes import PairPasses
-from torchmetrics_retrieval.functional._pair_quantiles import (
+from torchmetrics_retrieval.functional._pairs.passes import PairPasses
+from torchmetrics_retrieval.functional._pairs.quantiles import (
     Curve,
     PairBlock,
     PairBuckets,
@@ -42,7 +42,7 @@ from torchmetrics_retrieval.functional._pair_quantiles import (
     curve,
     statistics,
 )
-from torchmetrics_retrieval.functional._pair_rates import RateRequest
+from torchmetrics_retrieval.functional._pairs.rates import RateRequest
 from torchmetrics_retrieval.functional._search.keys import largest_norm
 from torchmetrics_retrieval.functional._search.types import DISTANCES, Distance
 from torchmetrics_retrieval.functional._sets import PairedIds, QueryGallery, split_query_gallery
@@ -157,7 +157,7 @@ def pair_metrics(
     roc_auc: bool = False,
 ) -> dict[str, Tensor]:
     """``fnmr@fmr/{f}``, ``tar@far/{f}``, ``eer`` and ``min_dcf/{p}`` (float32, 0-dim) of a checked problem, from
-    the same passes over every pair; ``roc_auc`` from its own pass (``_pair_auc``), with the positive pairs'
+    the same passes over every pair; ``roc_auc`` from its own pass (``functional._pairs.auc``), with the positive pairs'
     distances the first passes listed, if they did."""
     out: dict[str, Tensor] = {}
     listed = None
@@ -167,7 +167,7 @@ def pair_metrics(
         out.update(statistics_keys(found, fmr_vals))
         listed = source.listed_positives
     if roc_auc:
-        from torchmetrics_retrieval.functional._pair_auc import roc_auc_of_pairs
+        from torchmetrics_retrieval.functional._pairs.auc import roc_auc_of_pairs
 
         out["roc_auc"] = roc_auc_of_pairs(qg, distance, label_comparison_fn, chunk_size, listed).to(torch.float32)
     return out

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._options import RetrievalOptions
-from torchmetrics_retrieval.functional._pair_rates import RateRequest
+from torchmetrics_retrieval.functional._pairs.rates import RateRequest
 from torchmetrics_retrieval.functional._per_query import (
     RetrievalResult,
     _full_ranking_values,

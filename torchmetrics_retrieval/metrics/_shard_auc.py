@@ -1,6 +1,6 @@
 """ROC AUC in sharded mode: every rank keeps its embeddings, the value is one process's, bit for bit.
 
-On one process (``functional._pair_auc``) the positive pairs are listed from the labels with their canonical
+On one process (``functional._pairs.auc``) the positive pairs are listed from the labels with their canonical
 distances and sorted; one pass over float64 blocks of inner products then places every eligible negative pair
 among them, counting the positives strictly below (``below``) and equal to (``equal``) its distance, and the
 area is ``(below + equal / 2) / (n_pos * n_neg)``. Each negative's decision is exact and independent of the
@@ -14,11 +14,11 @@ pair is computed once, by the rank holding its gallery item, and no block is mir
 the largest over ranks (an ``all_reduce`` MAX), so every rank enters the same collectives.
 
 1. *positives*: in the rounds each rank lists the positive pairs of its sub-problems with their canonical
-   distances (``_pair_auc.positive_distances``); they are all-gathered and sorted on every rank (the multiset of
+   distances (``_pairs.auc.positive_distances``); they are all-gathered and sorted on every rank (the multiset of
    every positive pair's distance: one process's sorted positives, whatever the order of the parts). ``n_pos`` is
    their number, ``n_neg`` the eligible pairs of the global labels and rules minus ``n_pos``, as on one process.
 2. *negatives*: in the rounds again each rank places the negatives of its sub-problems among all positives
-   (``_pair_auc.place_negatives``); ``below`` and ``equal`` are summed with one int64 ``all_reduce``.
+   (``functional._pairs.auc.place_negatives``); ``below`` and ``equal`` are summed with one int64 ``all_reduce``.
 
 The counts are integers, so their sum is exact, and the final division is the one-process Python expression on
 the same integers. Without positive or negative pairs every rank returns NaN with the one-process warning (the
@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._pair_auc import (
+from torchmetrics_retrieval.functional._pairs.auc import (
     _Positives,
     nan_without_pairs,
     place_negatives,
@@ -85,7 +85,7 @@ def sharded_roc_auc(
     shards: ShardedSet, distance: str, label_comparison_fn: LabelComparisonFn | None, chunk_size: int | None
 ) -> Tensor:
     """``roc_auc`` (float64, 0-dim) of a sharded set: on every rank the value of
-    ``functional._pair_auc.roc_auc_of_pairs`` over the global set. Every rank must call it."""
+    ``functional._pairs.auc.roc_auc_of_pairs`` over the global set. Every rank must call it."""
     qg, local, _, _, group = shards
     device = local.device
     rounds = _Rounds(shards, distance)

@@ -1,13 +1,13 @@
 """Full-ranking ranks (MRR beyond K, full MAP, mINP) in sharded mode: n(q) and the counts are sums over shards.
 
 The rank of a query's relevant item ``t`` is one plus the number of eligible items whose (distance, position)
-precedes ``t``'s (``functional._full_ranking``). Every item lies in exactly one rank's gallery shard, so that
+precedes ``t``'s (``functional._ranks.count``). Every item lies in exactly one rank's gallery shard, so that
 number is the sum over shards of the items of each shard before ``t``, and ``t`` itself (a *threshold*) lies
 in one shard. In rounds, as the sharded search (``_shard_search.one_sided_top_k``), every rank's next block of
 queries is all-gathered (rows and embeddings) and every rank serves all visiting queries against its shard:
 
 1. *thresholds*: each rank lists the eligible relevant pairs between the visiting queries and its shard, their
-   canonical distances and the items' global gallery positions (``_relevant_pairs`` and ``_Thresholds`` on the
+   canonical distances and the items' global gallery positions (``relevant_pairs`` and ``_Thresholds`` on the
    shard sub-problem), keeps the first ``m`` per query (with ``last``, the last one), and the lists are
    all-gathered: every rank then has, per visiting query, the ``m`` first (or the last) relevant items of its
    whole gallery, sorted by (distance, global position). n(q) needs no exchange: the labels are global.
@@ -30,7 +30,7 @@ sum. Every rank enters the same collectives: the number of rounds is the largest
 ``all_reduce``, which also gives the largest n(q), hence the one-process width ``m`` of the ranks).
 
 Memory: as on one process, the thresholds of a visiting block (all ranks' blocks together: at most
-``_BUDGET_ENTRIES`` thresholds, and as many listed pairs) plus one block of keys; only blocks of queries,
+``BUDGET_ENTRIES`` thresholds, and as many listed pairs) plus one block of keys; only blocks of queries,
 threshold lists and counts travel, never a gallery shard.
 """
 
@@ -42,8 +42,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._full_ranking import _BUDGET_ENTRIES, _count_before, _relevant_pairs, _Thresholds
+from torchmetrics_retrieval.functional._label_pairs import relevant_pairs
 from torchmetrics_retrieval.functional._options import RetrievalOptions
+from torchmetrics_retrieval.functional._ranks import plan as ranks_plan
+from torchmetrics_retrieval.functional._ranks.count import _count_before, _Thresholds
 from torchmetrics_retrieval.functional._search.problem import Problem, make_problem
 from torchmetrics_retrieval.functional._sets import QueryGallery
 from torchmetrics_retrieval.metrics._shard_gather import gather
@@ -77,7 +79,7 @@ class ShardedRanks:
             return torch.zeros((queries.numel(), 0), dtype=torch.long, device=device)
         m = 1 if last else n_max if max_relevant is None else min(max_relevant, n_max)
         # the one-process budget of thresholds per query chunk, for all ranks' visiting blocks together
-        block = max(1, _BUDGET_ENTRIES // ((n_max + 1) * self.world))
+        block = max(1, ranks_plan.BUDGET_ENTRIES // ((n_max + 1) * self.world))
         parts = [self._round(queries[b * block : (b + 1) * block], m, last) for b in range(math.ceil(most / block))]
         return torch.cat(parts)
 
@@ -114,7 +116,7 @@ def shard_thresholds(
     the union of its shards' first ``m``. One float64 table travels in one gather: the rows and positions are
     exact below 2**53, and any distance dtype is exact in float64."""
     every = torch.arange(problem.query.shape[0], device=gallery.device)
-    pair_rows, pair_cols = _relevant_pairs(sub, problem, every, options)
+    pair_rows, pair_cols = relevant_pairs(sub, problem, every, options.label_comparison_fn)
     own = _Thresholds(problem, every, pair_rows, pair_cols, m, False, last)
     rows, slots = torch.nonzero(torch.arange(m, device=every.device)[None, :] < own.filled[:, None], as_tuple=True)
     cols = own.positions[rows, slots]

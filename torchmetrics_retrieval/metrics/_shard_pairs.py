@@ -1,7 +1,7 @@
 """FNMR@FMR, EER and minDCF in sharded mode: every rank keeps its embeddings, the values are one process's.
 
-On one process the two passes over every pair (``functional._pair_quantiles``) read each pair's float32
-distance from the stage-1 key blocks of ``_pair_passes`` (``key_blocks``): a set against itself in symmetric
+On one process the two passes over every pair (``functional._pairs.quantiles``) read each pair's float32
+distance from the stage-1 key blocks of ``functional._pairs.passes`` (``key_blocks``): a set against itself in symmetric
 tiles (``|x_i - x_j|^2 / 2`` or ``-<x_i, x_j>``, one key for both ordered pairs), otherwise tiles of query rows
 against gallery columns (``|g|^2 - 2<q,g>`` plus ``|q|^2``, or ``-<q,g>``). These distances are not the
 canonical ones of the kNN search: the key of a pair depends on the tile's formula, so a shard that paired its
@@ -36,13 +36,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._pair_passes import PairPasses
-from torchmetrics_retrieval.functional._pair_quantiles import PairBuckets, merge_counted, statistics
-from torchmetrics_retrieval.functional._pair_rates import Counted, RateRequest
+from torchmetrics_retrieval.functional._pairs.passes import PairPasses
+from torchmetrics_retrieval.functional._pairs.quantiles import PairBuckets, merge_counted, statistics
+from torchmetrics_retrieval.functional._pairs.rates import Counted, RateRequest
 from torchmetrics_retrieval.functional._precision import ieee_float32_matmul
 from torchmetrics_retrieval.functional._progress import advance
-from torchmetrics_retrieval.functional._search import plan
-from torchmetrics_retrieval.functional._search.blocks import block_sides
+from torchmetrics_retrieval.functional._search.blocks import TileSchedule
 from torchmetrics_retrieval.functional._search.key_blocks import KeyBlock
 from torchmetrics_retrieval.functional._search.keys import self_dots, stage_rows
 from torchmetrics_retrieval.functional._search.problem import Problem, make_problem
@@ -56,19 +55,7 @@ from torchmetrics_retrieval.metrics._shard import global_problem
 from torchmetrics_retrieval.metrics._shard_gather import gather
 from torchmetrics_retrieval.metrics._shard_search import ShardedSet
 
-__all__ = ["ShardedPairs", "sharded_pair_compute", "sharded_pair_metrics", "tiles"]
-
-
-def tiles(n_query: int, n_gallery: int, chunk_size: int | None, symmetric: bool) -> tuple[list[slice], list[slice]]:
-    """The row and column blocks of ``key_blocks``' tiles (symmetric: only the tiles with ``cols >= rows``)."""
-    if symmetric:
-        side = min(plan.SYMMETRIC_KEY_TILE, chunk_size or plan.SYMMETRIC_KEY_TILE)
-        blocks = [slice(a, min(a + side, n_query)) for a in range(0, n_query, side)]
-        return blocks, blocks
-    tile_rows, tile_cols = block_sides(n_query, n_gallery, chunk_size, bytes_per_pair=5)
-    tile_rows = min(tile_rows, plan.KEY_TILE_ROWS)
-    rows = [slice(a, min(a + tile_rows, n_query)) for a in range(0, n_query, tile_rows)]
-    return rows, [slice(b, min(b + tile_cols, n_gallery)) for b in range(0, n_gallery, tile_cols)]
+__all__ = ["ShardedPairs", "sharded_pair_compute", "sharded_pair_metrics"]
 
 
 class ShardedPairs(PairPasses):
@@ -95,7 +82,9 @@ class ShardedPairs(PairPasses):
         first = torch.tensor([0, *(part.numel() for part in parts)], device=local.device).cumsum(0)[:-1]
         every_sq = torch.cat(parts)[first[owner] + row]  # by global position
         super().__init__(qg, distance, label_comparison_fn, chunk_size, _placeholder_problem(qg, every_sq, distance))
-        self.row_blocks, self.col_blocks = tiles(qg.query.shape[0], qg.gallery.shape[0], chunk_size, self.symmetric)
+        self.row_blocks, self.col_blocks, _ = TileSchedule.of(
+            qg.query.shape[0], qg.gallery.shape[0], chunk_size, self.symmetric
+        )
         self.held: dict[int, Tensor] = {}
         for j, cols in enumerate(self.col_blocks):  # a collective per block: every rank, in the same order
             block = self._fetch(qg.gallery_positions[cols])

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional._checks import check_choice, check_fractions
 from torchmetrics_retrieval.functional._options import check_option
-from torchmetrics_retrieval.functional._pair_rates import RateRequest
+from torchmetrics_retrieval.functional._pairs.rates import RateRequest
 from torchmetrics_retrieval.functional._progress import shown
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
 from torchmetrics_retrieval.functional.search import Distance

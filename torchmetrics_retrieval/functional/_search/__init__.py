@@ -2,7 +2,7 @@
 
 The user calls ``knn``, ``knn_chunks`` or ``distance_blocks``; ``search.py`` checks the arguments once and
 builds a :class:`~.problem.Problem`; the engine takes only checked problems. The metric modules that stream
-over every pair (``retrieval``, ``verification``, ``_full_ranking``) build their problem from inputs they
+over every pair (``retrieval``, ``verification``, the ``_ranks`` and ``_pairs`` engines) build their problem from inputs they
 checked themselves and call the engine directly.
 
 The pipeline, one stage per module, imports in one direction (each module imports only those above it)::
@@ -30,10 +30,10 @@ The pipeline, one stage per module, imports in one direction (each module import
                       every query is proven exact
 
 Beside the search, the passes over every pair read ``key_blocks.py``: the float32 stage-1 keys of every
-(query, item) pair, block by block (symmetric blocks, each serving both orders, for a set against itself),
-with how a key maps to a distance. ``compiled/count_kernels.py`` counts them against per-query thresholds
-(the full-ranking ranks, ``functional._full_ranking``); ``compiled/pair_kernels.py`` histograms and lists
-their buckets (FNMR@FMR and the DET curve, ``functional._pair_passes``).
+(query, item) pair, tile by tile in the one schedule of ``blocks.TileSchedule`` (symmetric tiles, each serving
+both orders, for a set against itself), with how a key maps to a distance. The engines that consume them keep
+their own kernels and constants: ``functional._ranks`` (full-ranking ranks) and ``functional._pairs`` (FNMR@FMR,
+EER, minDCF, ROC AUC).
 
 What each stage proves: stage 1 proves nothing about order; it guarantees, through the floor, that every
 non-candidate's key is at least the floor. ``certify.key_tolerance`` bounds the float32 rounding of any

@@ -17,8 +17,7 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional._precision import ieee_float32_matmul
 from torchmetrics_retrieval.functional._progress import advance
-from torchmetrics_retrieval.functional._search import plan
-from torchmetrics_retrieval.functional._search.blocks import block_sides
+from torchmetrics_retrieval.functional._search.blocks import TileSchedule
 from torchmetrics_retrieval.functional._search.problem import Problem
 from torchmetrics_retrieval.functional._search.stream_topk import addmm_keys
 from torchmetrics_retrieval.functional._search.torch_stage import SymmetricKeys
@@ -67,25 +66,13 @@ def key_blocks(
     keys: Callable[[slice, slice], Tensor]
     if symmetric:
         keys = SymmetricKeys(gallery, None if gallery_sq is None else gallery_sq / 2)
-        side = min(plan.SYMMETRIC_KEY_TILE, chunk_size or plan.SYMMETRIC_KEY_TILE)
-        starts = range(0, n_rows, side)
-        tiles = [(slice(a, min(a + side, n_rows)), slice(b, min(b + side, n_rows))) for a in starts for b in starts]
-        tiles = [(rs, cs) for rs, cs in tiles if cs.start >= rs.start]
     else:
         bias = gallery_sq if gallery_sq is not None else torch.zeros_like(gallery[:, 0])
         keys = addmm_keys(problem.stage_query(rows), gallery, bias, -2.0 if gallery_sq is not None else -1.0)
-        tile_rows, tile_cols = block_sides(n_rows, n_cols, chunk_size, bytes_per_pair=5)
-        tile_rows = min(tile_rows, plan.KEY_TILE_ROWS)
-        tiles = [
-            (slice(a, min(a + tile_rows, n_rows)), slice(b, min(b + tile_cols, n_cols)))
-            for a in range(0, n_rows, tile_rows)
-            for b in range(0, n_cols, tile_cols)
-        ]
-    if first_rows_only:
-        tiles = [(rs, cs) for rs, cs in tiles if rs.start == 0]
-    for rs, cs in tiles:
+    schedule = TileSchedule.of(n_rows, n_cols, chunk_size, symmetric)
+    for rs, cs in schedule.tiles(first_rows_only):
         with ieee_float32_matmul():
             block = keys(rs, cs)
-        mirrored = symmetric and rs != cs
+        mirrored = schedule.mirrored(rs, cs)
         yield KeyBlock(rs, cs, block, mirrored)
         advance((rs.stop - rs.start) * (cs.stop - cs.start) * (2 if mirrored else 1))  # ordered pairs done

@@ -37,12 +37,6 @@ BLOCK_COLUMNS = 4096
 #: columns).
 KEY_TILE_ROWS = 512
 SYMMETRIC_KEY_TILE = 1024
-#: The full-ranking count (``_full_ranking``): lookup-table buckets per threshold (most items then need no
-#: search), the tables' budget in bytes (int16 entries), and the near ties of a row one block scan keeps (more:
-#: the row is scanned again to list them all).
-LUT_BUCKETS_PER_THRESHOLD = 8
-LUT_BYTES = 64 * 2**20
-AMBIGUOUS_PER_ROW = 128
 
 # ---- stage 1: candidates by float32 keys ---------------------------------------------------------------------------
 #: Stage-1 candidates per query: ``K + min(MAX_MARGIN, max(MIN_MARGIN, K // MARGIN_DIVISOR))``. A thin margin

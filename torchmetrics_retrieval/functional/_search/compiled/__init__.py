@@ -4,5 +4,6 @@ ordering of near ties (``order``), and the kernels themselves (``kernels``, load
 Whether a search takes them is decided in one place, ``plan.use_compiled``.
 """
 
-#: How the kernels that map a value to a distance (``auc_kernels``, ``order_kernels``) number the distances.
+#: How the kernels that map a value to a distance (``order_kernels``, ``functional._pairs.auc_kernels``) number
+#: the distances.
 DISTANCE_CODES = {"dot": 0, "cosine": 1, "sqeuclidean": 2, "euclidean": 3}

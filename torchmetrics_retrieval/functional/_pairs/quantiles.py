@@ -13,7 +13,7 @@ The values are exact, and no pair is materialised: the source is streamed twice.
 
 Memory is one block plus the histograms plus the collected distinct values, which the float resolution
 keeps small. When a sample of the pairs foresees the buckets of step 2, the first pass also counts their
-distinct distances (``_pair_windows``), and the second pass runs only if the foresight missed.
+distinct distances (``windows``), and the second pass runs only if the foresight missed.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from typing import NamedTuple, Protocol
 import torch
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._pair_rates import Counted, RateRequest, rates, wanted_buckets
-from torchmetrics_retrieval.functional._pair_windows import Windows, likely_buckets
+from torchmetrics_retrieval.functional._pairs import plan as pairs_plan
+from torchmetrics_retrieval.functional._pairs.rates import Counted, RateRequest, rates, wanted_buckets
+from torchmetrics_retrieval.functional._pairs.windows import Windows, likely_buckets
 from torchmetrics_retrieval.functional._progress import section
 
 __all__ = [
-    "N_BUCKETS",
     "Curve",
     "PairBlock",
     "PairBuckets",
@@ -42,11 +42,6 @@ __all__ = [
     "merge_counted",
     "statistics",
 ]
-
-#: Number of histogram buckets of the first pass.
-N_BUCKETS = 2**16
-#: Collected distinct values are merged (de-duplicated) whenever this many are pending.
-MERGE_EVERY = 2**22
 
 
 class PairBlock(NamedTuple):
@@ -70,7 +65,7 @@ class PassTotals(Protocol):
 
 
 class PairBuckets(NamedTuple):
-    """Monotone bucket function ``floor((d - low) * scale)`` clamped to ``[0, N_BUCKETS)``.
+    """Monotone bucket function ``floor((d - low) * scale)`` clamped to ``[0, pairs_plan.N_BUCKETS)``.
 
     Only exactly rounded operations (subtract, multiply, clamp, truncate), so the bucket of a value does
     not depend on where it sits in a tensor.
@@ -82,20 +77,20 @@ class PairBuckets(NamedTuple):
     @classmethod
     def spanning(cls, low: float, high: float) -> PairBuckets:
         width = high - low
-        return cls(low, N_BUCKETS / width if width > 0 and math.isfinite(width) else 1.0)
+        return cls(low, pairs_plan.N_BUCKETS / width if width > 0 and math.isfinite(width) else 1.0)
 
     def ids(self, distances: Tensor) -> Tensor:
         """int32 bucket ids (truncation is the floor once clamped at 0), computed in float64 (as the compiled
         pair kernels do: the same exactly rounded operations give the same bucket)."""
         offset = torch.sub(distances.to(torch.float64), self.low)
-        return offset.mul_(self.scale).clamp_(0, N_BUCKETS - 1).to(torch.int32)
+        return offset.mul_(self.scale).clamp_(0, pairs_plan.N_BUCKETS - 1).to(torch.int32)
 
     def pair_ids(self, block: PairBlock) -> Tensor:
-        """Flat int32 ids in ``[0, 2 N_BUCKETS]``: negatives' buckets, positives' + N_BUCKETS, 2 N_BUCKETS for
-        the pairs that do not exist."""
-        ids = self.ids(block.distances).add_(block.positive, alpha=N_BUCKETS)
+        """Flat int32 ids in ``[0, 2 N_BUCKETS]``: negatives' buckets, positives' + ``N_BUCKETS``, ``2 N_BUCKETS``
+        for the pairs that do not exist."""
+        ids = self.ids(block.distances).add_(block.positive, alpha=pairs_plan.N_BUCKETS)
         if block.eligible is not None:
-            ids.masked_fill_(~block.eligible, 2 * N_BUCKETS)
+            ids.masked_fill_(~block.eligible, 2 * pairs_plan.N_BUCKETS)
         return ids.flatten()
 
 
@@ -115,8 +110,8 @@ _Counts = Counted  # distinct values (sorted) with multiplicities
 
 
 def _histograms(source: PairSource, buckets: PairBuckets, windows: Windows | None) -> tuple[Tensor, Tensor]:
-    """``(negative, positive)`` histograms, ``(N_BUCKETS,)`` int64 each (from the source's own compiled pass
-    when it offers one, see ``_pair_passes``, which also counts the values inside ``windows``)."""
+    """``(negative, positive)`` histograms, ``(pairs_plan.N_BUCKETS,)`` int64 each (from the source's own compiled pass
+    when it offers one, see ``passes``, which also counts the values inside ``windows``)."""
     offered = getattr(source, "histograms", None)
     counted = offered(buckets, windows) if offered is not None else None
     if counted is not None:
@@ -125,14 +120,16 @@ def _histograms(source: PairSource, buckets: PairBuckets, windows: Windows | Non
     for block in source():
         ids = buckets.pair_ids(block)
         if total is None:
-            total = torch.zeros(2 * N_BUCKETS + 1, dtype=torch.int64, device=ids.device)
-        if ids.numel() >= N_BUCKETS:  # bincount is fast on big blocks, but costs O(N_BUCKETS) per call
-            total += torch.bincount(ids, minlength=2 * N_BUCKETS + 1)
+            total = torch.zeros(2 * pairs_plan.N_BUCKETS + 1, dtype=torch.int64, device=ids.device)
+        if (
+            ids.numel() >= pairs_plan.N_BUCKETS
+        ):  # bincount is fast on big blocks, but costs O(pairs_plan.N_BUCKETS) per call
+            total += torch.bincount(ids, minlength=2 * pairs_plan.N_BUCKETS + 1)
         else:
             total.index_add_(0, ids, torch.ones((), dtype=torch.int64, device=ids.device).expand(ids.numel()))
     if total is None:
         raise RuntimeError("the pair source yielded no block")
-    return total[:N_BUCKETS], total[N_BUCKETS : 2 * N_BUCKETS]
+    return total[: pairs_plan.N_BUCKETS], total[pairs_plan.N_BUCKETS : 2 * pairs_plan.N_BUCKETS]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -160,7 +157,7 @@ class _Collector:
         distinct, counts = torch.unique(values, return_counts=True)
         self.parts.append(_Counts(distinct, counts))
         self.pending += distinct.numel()
-        if self.pending > MERGE_EVERY:
+        if self.pending > pairs_plan.MERGE_EVERY:
             self.parts, self.pending = [merge_counted(self.parts)], 0
 
     def result(self) -> _Counts:
@@ -241,11 +238,11 @@ def _bucket_of_rank(histogram: Tensor, ranks: Tensor) -> Tensor:
 
 
 def _wanted_buckets(first: Tensor, last: Tensor, device: torch.device) -> Tensor:
-    """Bool ``(N_BUCKETS,)``: True in every range ``[first[i], last[i]]``."""
-    marks = torch.zeros(N_BUCKETS + 1, dtype=torch.int64, device=device)
+    """Bool ``(pairs_plan.N_BUCKETS,)``: True in every range ``[first[i], last[i]]``."""
+    marks = torch.zeros(pairs_plan.N_BUCKETS + 1, dtype=torch.int64, device=device)
     marks.index_add_(0, first, torch.ones_like(first))
     marks.index_add_(0, last + 1, -torch.ones_like(last))
-    return marks.cumsum(0)[:N_BUCKETS] > 0
+    return marks.cumsum(0)[: pairs_plan.N_BUCKETS] > 0
 
 
 def _nan_curve(n_values: int, reason: str, device: torch.device) -> Curve:
@@ -262,7 +259,7 @@ def curve(source: PairSource, buckets: PairBuckets, fractions: tuple[float, ...]
 def _windows(
     source: PairSource, buckets: PairBuckets, fractions: tuple[float, ...], request: RateRequest | None
 ) -> Windows | None:
-    """The values pass 1 should count exactly (``_pair_windows``), from a sample of the source's pairs; None
+    """The values pass 1 should count exactly (``windows``), from a sample of the source's pairs; None
     when the source offers no sample or the sample foresees too little."""
     sample = getattr(source, "sample", None)
     found = sample(buckets) if sample is not None else None
@@ -290,7 +287,7 @@ def statistics(
     device: torch.device,
     totals: PassTotals | None = None,
 ) -> Statistics:
-    """The curve at ``fractions`` and the rates of ``request`` (EER, minDCF; see ``_pair_rates``), exact, from
+    """The curve at ``fractions`` and the rates of ``request`` (EER, minDCF; see ``rates``), exact, from
     two passes over ``source`` shared by all of them, or one when the windows foresee the second's buckets
     (``totals``: the source holds a part of the pairs, and each pass's result becomes that of every pair
     through it; the windows are left out then, as their sample is one process's)."""
@@ -313,7 +310,7 @@ def statistics(
     low_rank, high_rank, gamma = _quantile_ranks(n_negative, f)
     low_bucket = _bucket_of_rank(negative_hist, low_rank)
     high_bucket = _bucket_of_rank(negative_hist, high_rank)
-    negative_wanted = torch.zeros(N_BUCKETS, dtype=torch.bool, device=device)
+    negative_wanted = torch.zeros(pairs_plan.N_BUCKETS, dtype=torch.bool, device=device)
     negative_wanted[low_bucket] = True
     negative_wanted[high_bucket] = True
     positive_wanted = _wanted_buckets(low_bucket, high_bucket, device)

@@ -1,13 +1,13 @@
 """The second pass of the pair metrics, done inside the first when its buckets can be foreseen.
 
-FNMR@FMR, EER and minDCF read every pair twice (``_pair_quantiles``): a histogram of distance buckets, then the
+FNMR@FMR, EER and minDCF read every pair twice (``quantiles``): a histogram of distance buckets, then the
 exact distances of the few buckets where the answers lie. Those buckets can be foreseen. A sample of the pairs
 (the first tile of rows against every column, cut into row groups) gives FMR at every bucket end, and the
 spread over the groups a standard error. FNMR comes from every positive pair when they are few (listed from the
 labels, with their canonical distances: within a float32 step or so of the pass's, where a bucket spans
 hundreds), else from the sample like FMR. Every bucket that could hold an answer with the rates anywhere within
-``Z`` standard errors (and ``SHIFT`` buckets for the listed positives) is *tracked*: in the histogram pass, the
-pairs of the tracked buckets are also counted by exact float32 value (a few windows of consecutive float32
+``plan.Z`` standard errors (and ``plan.SHIFT`` buckets for the listed positives) is *tracked*: in the histogram
+pass, the pairs of the tracked buckets are also counted by exact float32 value (a few windows of consecutive float32
 values, one counter per value and sign). These counts are the distinct distances with their multiplicities,
 which the second pass would list. If every bucket the answers need was tracked, and the counts match the
 histograms bucket by bucket, the second pass is skipped; otherwise it runs. The values are exact either way:
@@ -24,29 +24,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._pair_rates import Counted, RateRequest, _weights
+from torchmetrics_retrieval.functional._pairs import plan as pairs_plan
+from torchmetrics_retrieval.functional._pairs.rates import Counted, RateRequest, _weights
 
-__all__ = ["GROUPS", "Sample", "Windows", "from_keys", "likely_buckets", "ordered_keys"]
+__all__ = ["Sample", "Windows", "from_keys", "likely_buckets", "ordered_keys"]
 
-#: Row groups of the sample; their spread gives the standard errors.
-GROUPS = 8
-#: Width of the bounds, in standard errors: generous, as a miss costs a whole pass and a wide window little.
-Z = 6.0
-#: Most bytes of the windows' counters, over every thread (a counter per value, sign and thread: int32 while
-#: the pairs are fewer than 2**31, else int64).
-MAX_BYTES = 2**27
-#: Most float32 values in one tracked bucket (a bucket spans hundreds unless it lies near 0).
-MAX_BUCKET_KEYS = 2**14
 #: ``Windows.delta`` of a bucket that is not tracked.
 UNTRACKED = np.iinfo(np.int64).min
-#: Fewest sampled pairs of either sign to foresee anything from.
-MIN_SAMPLE = 100
-#: Buckets a listed positive may move by between its canonical distance and the pass's.
-SHIFT = 4
 
 
 class Sample(NamedTuple):
-    """What the buckets are foreseen from: the histograms of a sample of the pairs, ``(GROUPS, 2 n_buckets)``
+    """What the buckets are foreseen from: the histograms of a sample of the pairs, ``(pairs_plan.GROUPS, 2 n_buckets)``
     (negatives then positives, one row per group of rows), and the histogram of every positive pair's canonical
     distance (None when there are too many to list); and the number of ordered pairs of the pass."""
 
@@ -90,7 +78,7 @@ def _sampled(cumulative: Tensor) -> _Shares | None:
     the sample is too small."""
     totals = cumulative[:, -1].to(torch.float64)
     n = float(totals.sum())
-    if n < MIN_SAMPLE:
+    if n < pairs_plan.MIN_SAMPLE:
         return None
     present = totals > 0
     pooled = cumulative.sum(dim=0).to(torch.float64) / n
@@ -98,13 +86,13 @@ def _sampled(cumulative: Tensor) -> _Shares | None:
 
 
 def _error(shares: _Shares, groups: Tensor, pooled: Tensor) -> Tensor:
-    """``Z`` standard errors of ``pooled``, a share (or a difference of shares) estimated by ``groups``: the
+    """``plan.Z`` standard errors of ``pooled``, a share (or a difference of shares) estimated by ``groups``: the
     spread over the groups, at least the binomial one (zero for listed pairs)."""
     if math.isinf(shares.n):
         return torch.zeros_like(pooled)
     spread = groups.std(dim=0) / groups.shape[0] ** 0.5 if groups.shape[0] > 1 else torch.zeros_like(pooled)
     binomial = (pooled.abs() * (1 - pooled.abs()) / shares.n).sqrt()
-    return torch.maximum(spread, binomial) * Z + Z / shares.n
+    return torch.maximum(spread, binomial) * pairs_plan.Z + pairs_plan.Z / shares.n
 
 
 def _shifted(values: Tensor, by: int, fill: float) -> Tensor:
@@ -123,9 +111,9 @@ def _before(values: Tensor, first: float) -> Tensor:
 
 
 def _bounds(shares: _Shares) -> tuple[Tensor, Tensor]:
-    """Low and high bounds of the share at every bucket end (a listed share may move by ``SHIFT`` buckets)."""
+    """Low and high bounds of the share at every bucket end (a listed share may move by ``plan.SHIFT`` buckets)."""
     if math.isinf(shares.n):
-        return _shifted(shares.pooled, SHIFT, 0.0), _shifted(shares.pooled, -SHIFT, 1.0)
+        return _shifted(shares.pooled, pairs_plan.SHIFT, 0.0), _shifted(shares.pooled, -pairs_plan.SHIFT, 1.0)
     error = _error(shares, shares.groups, shares.pooled)
     return (shares.pooled - error).clamp(0, 1), (shares.pooled + error).clamp(0, 1)
 
@@ -153,9 +141,11 @@ def _cheaper(negatives: _Shares, positives: _Shares, miss: float, false_alarm: f
     # FMR: from the best end back to each bucket's start, per group
     gap = _before(fmr, 0.0) - fmr[best]
     gap_low = gap - _error(negatives, _before(negatives.groups, 0.0) - negatives.groups[:, best : best + 1], gap)
-    # FNMR: a listed share moves by SHIFT buckets; a sampled one is bounded like FMR
+    # FNMR: a listed share moves by pairs_plan.SHIFT buckets; a sampled one is bounded like FMR
     if math.isinf(positives.n):
-        fnmr_gap_low = (1 - _shifted(positives.pooled, -SHIFT, 1.0)) - (1 - positives.pooled[max(best - SHIFT, 0)])
+        fnmr_gap_low = (1 - _shifted(positives.pooled, -pairs_plan.SHIFT, 1.0)) - (
+            1 - positives.pooled[max(best - pairs_plan.SHIFT, 0)]
+        )
     else:
         fnmr_gap = positives.pooled[best] - positives.pooled
         groups_gap = positives.groups[:, best : best + 1] - positives.groups
@@ -211,12 +201,12 @@ class Windows:
     @classmethod
     def around(cls, tracked: Tensor, low: float, scale: float, n_pairs: int, parts: int) -> Windows | None:
         """The windows of the ``tracked`` buckets of ``floor((d - low) * scale)`` for a pass over ``n_pairs``
-        ordered pairs with ``parts`` rows of counters; None beyond ``MAX_BYTES``. A bucket of more than
-        ``MAX_BUCKET_KEYS`` float32 values (near 0, where they crowd) is not tracked."""
+        ordered pairs with ``parts`` rows of counters; None beyond ``plan.MAX_BYTES``. A bucket of more than
+        ``plan.MAX_BUCKET_KEYS`` float32 values (near 0, where they crowd) is not tracked."""
         buckets = torch.nonzero(tracked).flatten().double().numpy()
         crowded = np.diff(ordered_keys((low + np.stack([buckets, buckets + 1]) / scale).astype(np.float32)), axis=0)
         tracked = tracked.clone()
-        tracked[torch.from_numpy(buckets[crowded[0] > MAX_BUCKET_KEYS]).long()] = False
+        tracked[torch.from_numpy(buckets[crowded[0] > pairs_plan.MAX_BUCKET_KEYS]).long()] = False
         padded = torch.cat([tracked.new_zeros(1), tracked, tracked.new_zeros(1)]).to(torch.int8)
         edges = torch.diff(padded)
         starts = torch.nonzero(edges == 1).flatten().numpy()
@@ -233,7 +223,7 @@ class Windows:
         table = np.stack([first[opens], np.maximum.reduceat(end, np.flatnonzero(opens)), np.zeros_like(end[opens])], 1)
         sizes = table[:, 1] - table[:, 0]
         dtype = np.int32 if n_pairs < 2**31 else np.int64  # a counter never exceeds the pairs
-        if int(sizes.sum()) * 2 * np.dtype(dtype).itemsize * parts > MAX_BYTES:
+        if int(sizes.sum()) * 2 * np.dtype(dtype).itemsize * parts > pairs_plan.MAX_BYTES:
             return None
         table[1:, 2] = np.cumsum(2 * sizes)[:-1]
         span = (int(starts[0]), int(ends[-1]) - 1)

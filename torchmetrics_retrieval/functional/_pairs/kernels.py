@@ -1,4 +1,4 @@
-"""The numba kernels of the passes over every pair (``functional._pair_passes``): the histogram of the pairs'
+"""The numba kernels of the passes over every pair (``passes``): the histogram of the pairs'
 distance buckets and the listing of the pairs in chosen buckets, compiled on first use and cached on disk,
 parallel over rows on the threads ``buffer.kernel_threads`` sets.
 
@@ -10,7 +10,7 @@ block's eligibility, or one row of True for every row) are skipped. ``weight`` i
 the diagonal, whose entries stand for two ordered pairs.
 
 The histogram pass can also count the pairs of chosen buckets by exact float32 value, in a few windows of
-consecutive values (indexed by the order-preserving integer key of a float32; ``functional._pair_windows``).
+consecutive values (indexed by the order-preserving integer key of a float32; ``windows``).
 Those counts are the distinct distances with their multiplicities, which the second pass would otherwise list.
 """
 
@@ -43,7 +43,7 @@ def _bucket(d, low, bucket_scale, n_buckets):
 _IN_SPAN = 1 << 30
 #: The span ``(first, last)`` bucket of no window.
 _NO_SPAN = (np.int64(1), np.int64(0))
-#: ``delta`` of a bucket that is not tracked (``_pair_windows.UNTRACKED``).
+#: ``delta`` of a bucket that is not tracked (``windows.UNTRACKED``).
 _UNTRACKED = np.iinfo(np.int64).min
 
 
@@ -70,7 +70,7 @@ def _row_slots(
 
 @inline
 def _ordered_key(bits):
-    """The order-preserving integer of a float32's bits (``_pair_windows.ordered_keys``)."""
+    """The order-preserving integer of a float32's bits (``windows.ordered_keys``)."""
     return np.int64(bits) if bits >= 0 else -np.int64(bits & 0x7FFFFFFF) - 1
 
 
@@ -79,7 +79,7 @@ def histogram(keys, form, col0, own, mask, row_ids, col_ids, weight, buckets, hi
     """Add every eligible pair's bucket to ``hist`` ``(parts, 2 n_buckets)``: negatives, then positives, and its
     exact value to ``fine`` ``(parts, size)`` when its bucket is tracked: at ``delta[bucket - first] + 2 key +
     positive`` (``span``: the ``(first, last)`` tracked bucket, ``_NO_SPAN`` without windows; ``delta``: see
-    ``_pair_windows.Windows``). The block's rows are cut into ``parts`` runs, one row of counts each, summed by
+    ``windows.Windows``). The block's rows are cut into ``parts`` runs, one row of counts each, summed by
     the caller (integer sums: the result does not depend on threads). ``mask``: the block's eligibility, or one row of
     True for every row."""
     scale, offsets, mode = form

@@ -28,19 +28,18 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from torchmetrics_retrieval.functional._label_pairs import relevant_pairs
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._progress import section
+from torchmetrics_retrieval.functional._ranks import plan as ranks_plan
 from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional._search.certify import canonical_distances, key_tolerance
 from torchmetrics_retrieval.functional._search.key_blocks import key_blocks
 from torchmetrics_retrieval.functional._search.problem import Problem, make_problem, rounding_terms
 from torchmetrics_retrieval.functional._sets import QueryGallery
-from torchmetrics_retrieval.functional.relevance import _dense_label_ids, _label_match_compute
+from torchmetrics_retrieval.functional.relevance import _dense_label_ids
 
 __all__ = ["relevant_ranks"]
-
-_BUDGET_ENTRIES = 1 << 20  # thresholds (rows x max n(q)) per query chunk: with their pairs, brackets and
-# lookup tables about 280 bytes each (measured), so about 300 MB at most
 
 
 class _Thresholds:
@@ -87,7 +86,7 @@ class _Thresholds:
             kernels.count_preceding(*(t.numpy() for t in (*own, *pairs)), found)
             return torch.from_numpy(found)
         counts = torch.empty_like(pair_rows)
-        step = max(1, _BUDGET_ENTRIES // max(1, self.distances.shape[1]))
+        step = max(1, ranks_plan.BUDGET_ENTRIES // max(1, self.distances.shape[1]))
         for s in range(0, pair_rows.numel(), step):
             part = slice(s, s + step)
             t_dist, t_pos = self.distances[pair_rows[part]], self.positions[pair_rows[part]]
@@ -179,38 +178,6 @@ def _key_brackets(
     return lower.flip(1).cummin(dim=1).values.flip(1), upper.cummax(dim=1).values
 
 
-def _relevant_pairs(
-    qg: QueryGallery, problem: Problem, rows: Tensor, options: RetrievalOptions
-) -> tuple[Tensor, Tensor]:
-    """Eligible relevant pairs (row in ``rows``' order, gallery position), row-major, positions increasing."""
-    device = rows.device
-    if options.label_comparison_fn is None:  # group the gallery by label: no query x gallery comparison
-        labels = torch.cat([qg.query_labels[rows], qg.gallery_labels])
-        _, ids = torch.unique(labels, dim=0 if labels.ndim == 2 else None, return_inverse=True)
-        query_ids, gallery_ids = ids[: rows.numel()], ids[rows.numel() :]
-        gallery_order = torch.argsort(gallery_ids, stable=True)
-        sorted_ids = gallery_ids[gallery_order]
-        starts = torch.searchsorted(sorted_ids, query_ids)
-        sizes = torch.searchsorted(sorted_ids, query_ids, right=True) - starts
-        pair_rows = torch.repeat_interleave(torch.arange(rows.numel(), device=device), sizes)
-        offsets = torch.cumsum(sizes, 0) - sizes
-        within = torch.arange(pair_rows.numel(), device=device) - offsets[pair_rows]
-        pair_cols = gallery_order[starts[pair_rows] + within]
-    else:
-        parts = []
-        step = max(1, _BUDGET_ENTRIES // max(1, qg.gallery.shape[0]))
-        for s in range(0, rows.numel(), step):
-            chunk = rows[s : s + step]
-            match = _label_match_compute(qg.query_labels[chunk], qg.gallery_labels, options.label_comparison_fn)
-            r, c = torch.nonzero(match, as_tuple=True)
-            parts.append((r + s, c))
-        pair_rows, pair_cols = (torch.cat(side) for side in zip(*parts, strict=True))
-    keep = torch.ones(pair_rows.numel(), 1, dtype=torch.bool, device=device)
-    problem.exclusions.take(rows).fill_excluded_(keep, pair_rows, pair_cols[:, None], False)
-    keep = keep[:, 0]
-    return pair_rows[keep], pair_cols[keep]
-
-
 class _Counter:
     """The per-query histogram over the thresholds' intervals, filled block by block, and the ambiguous items.
 
@@ -237,14 +204,16 @@ class _Counter:
         self.compiled = plan.use_compiled(rows.device, problem.query.shape[0], problem.gallery.shape[0])
         self.skip_relevant = self.compiled and label_ids is not None
         if self.compiled:
-            from torchmetrics_retrieval.functional._search.compiled import count_kernels
+            from torchmetrics_retrieval.functional._ranks import kernels as count_kernels
             from torchmetrics_retrieval.functional._search.compiled.buffer import kernel_threads
 
             kernel_threads()
             self.kernels = count_kernels
             self._spares: dict[torch.dtype, Tensor] = {}
             self.own_np = self.own.numpy()
-            n_buckets = max(1, min(plan.LUT_BUCKETS_PER_THRESHOLD * m, plan.LUT_BYTES // (2 * max(1, n_rows))))
+            n_buckets = max(
+                1, min(ranks_plan.LUT_BUCKETS_PER_THRESHOLD * m, ranks_plan.LUT_BYTES // (2 * max(1, n_rows)))
+            )
             lut = np.empty((n_rows, n_buckets), dtype=np.int16 if m < 2**15 else np.int32)
             table = (
                 thresholds.lower.numpy(), thresholds.upper.numpy(), thresholds.filled.numpy(), tolerance.numpy(),
@@ -291,14 +260,14 @@ class _Counter:
         args = (keys.numpy(), c0, self.own_np[rs], mask_np, mask is not None, self.query_ids[rs], item_ids, table)
         n_rows = rs.stop - rs.start
         n_ambiguous = np.zeros(n_rows, dtype=np.int64)
-        held = np.empty((n_rows, plan.AMBIGUOUS_PER_ROW), dtype=np.int64)
+        held = np.empty((n_rows, ranks_plan.AMBIGUOUS_PER_ROW), dtype=np.int64)
         self.kernels.count_rows(*args, self.hist.numpy()[rs], n_ambiguous, held)
         # only the few rows with near ties are read back: a mask over every row's buffer took 0.12 s, on one
         # thread, of a 1.9 s call at two threads (N = 20k, 20 per class, map_full)
         some = np.flatnonzero(n_ambiguous)
-        fits = n_ambiguous[some] <= plan.AMBIGUOUS_PER_ROW
+        fits = n_ambiguous[some] <= ranks_plan.AMBIGUOUS_PER_ROW
         held_rows, per_row = some[fits], n_ambiguous[some[fits]]
-        kept = np.arange(plan.AMBIGUOUS_PER_ROW)[None, :] < per_row[:, None]
+        kept = np.arange(ranks_plan.AMBIGUOUS_PER_ROW)[None, :] < per_row[:, None]
         self.ambiguous_rows.append(torch.from_numpy(np.repeat(held_rows, per_row) + rs.start))
         self.ambiguous_cols.append(torch.from_numpy(held[held_rows][kept]))
         overflow = some[~fits]
@@ -387,10 +356,10 @@ def relevant_ranks(
     problem = make_problem(qg.query, qg.gallery, options.distance, qg.exclusions(), qg.same_set)
     label_ids = _dense_label_ids(qg.query_labels, qg.gallery_labels) if options.label_comparison_fn is None else None
     ranks = torch.zeros(n_query, m, dtype=torch.long, device=device)
-    step = max(1, _BUDGET_ENTRIES // (n_max + 1))
+    step = max(1, ranks_plan.BUDGET_ENTRIES // (n_max + 1))
     with section("full ranking", n_query * qg.gallery.shape[0]):
         for rows in torch.arange(n_query, device=device).split(step):
-            pair_rows, pair_cols = _relevant_pairs(qg, problem, rows, options)
+            pair_rows, pair_cols = relevant_pairs(qg, problem, rows, options.label_comparison_fn)
             symmetric = problem.symmetric and rows.numel() == n_query  # the whole set against itself at once
             thresholds = _Thresholds(problem, rows, pair_rows, pair_cols, m, symmetric, last)
             before = _count_before(problem, rows, thresholds, options.chunk_size, label_ids)

@@ -4,10 +4,10 @@ The pairs' distances come from the float32 keys of ``key_blocks`` (``KeyForm``):
 symmetric blocks, each distance computed once and standing for both ordered pairs. Two ways to read them,
 with the same values:
 
-* as a :data:`~._pair_quantiles.PairSource` (calling the object yields :class:`PairBlock` s of distances,
-  signs and eligibility), for any consumer;
+* as a :data:`~torchmetrics_retrieval.functional._pairs.quantiles.PairSource` (calling the object yields
+  :class:`PairBlock` s of distances, signs and eligibility), for any consumer;
 * through the compiled kernels (CPU, labels compared by equality): :meth:`PairPasses.histograms` and
-  :meth:`PairPasses.wanted`, which ``_pair_quantiles`` takes when they are offered (``None`` otherwise). They
+  :meth:`PairPasses.wanted`, which ``quantiles`` takes when they are offered (``None`` otherwise). They
   fuse distance, sign, exclusion and bucket into one read of each block, parallel over rows.
 """
 
@@ -21,10 +21,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from torchmetrics_retrieval.functional import _pair_quantiles, _pair_windows
-from torchmetrics_retrieval.functional._pair_auc import positive_distances
-from torchmetrics_retrieval.functional._pair_quantiles import PairBlock, PairBuckets
-from torchmetrics_retrieval.functional._pair_windows import Sample, Windows
+from torchmetrics_retrieval.functional._pairs import plan as pairs_plan
+from torchmetrics_retrieval.functional._pairs.auc import positive_distances
+from torchmetrics_retrieval.functional._pairs.quantiles import PairBlock, PairBuckets
+from torchmetrics_retrieval.functional._pairs.windows import Sample, Windows
 from torchmetrics_retrieval.functional._precision import ieee_sqrt
 from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional._search.key_blocks import KeyBlock, key_blocks, key_form
@@ -34,12 +34,6 @@ from torchmetrics_retrieval.functional.relevance import LabelComparisonFn, _dens
 
 __all__ = ["PairPasses"]
 
-#: The sample of :meth:`PairPasses.sample` is one tile of rows in at least this many (at most about 2 / this of
-#: the pairs of a set against itself).
-_SAMPLED_TILES = 8
-#: At most this many positive pairs are listed for the sample (16 bytes each, briefly).
-_LISTED_POSITIVES = 2**22
-
 
 def _pair_kernels() -> Any:
     """The compiled pair kernels (importing them imports numba: on first use only), their thread count set from
@@ -47,7 +41,7 @@ def _pair_kernels() -> Any:
     leave torch's own count raised to match."""
     from torchmetrics_retrieval.functional._search.compiled.buffer import kernel_threads
 
-    kernels = importlib.import_module("torchmetrics_retrieval.functional._search.compiled.pair_kernels")
+    kernels = importlib.import_module("torchmetrics_retrieval.functional._pairs.kernels")
     kernel_threads()
     return kernels
 
@@ -142,29 +136,31 @@ class PairPasses:
             return None
         from torchmetrics_retrieval.functional._search.compiled.buffer import kernel_threads
 
-        n_buckets = _pair_quantiles.N_BUCKETS  # read at call time (tests use fewer buckets)
+        n_buckets = pairs_plan.N_BUCKETS  # read at call time (tests use fewer buckets)
         hist = np.zeros((kernel_threads(), 2 * n_buckets), dtype=np.int64)
         self._histogram(self._blocks(), buckets, hist, windows)
         total = torch.from_numpy(hist.sum(axis=0))
         return total[:n_buckets], total[n_buckets:]
 
     def sample(self, buckets: PairBuckets) -> Sample | None:
-        """What ``_pair_windows`` foresees the second pass's buckets from: the histograms of the first tile of
+        """What ``windows`` foresees the second pass's buckets from: the histograms of the first tile of
         rows against every column, in ``GROUPS`` runs of rows, and of every positive pair's canonical distance
-        when there are at most ``_LISTED_POSITIVES``. None without the compiled kernels, or when the tile holds
+        when there are at most ``plan.LISTED_POSITIVES``. None without the compiled kernels, or when the tile holds
         more than a few percent of the pairs."""
         tile_rows = plan.SYMMETRIC_KEY_TILE if self.problem.symmetric else plan.KEY_TILE_ROWS
-        if not self.compiled or self.rows.numel() < _SAMPLED_TILES * min(tile_rows, self.chunk_size or tile_rows):
+        if not self.compiled or self.rows.numel() < pairs_plan.SAMPLED_TILES * min(
+            tile_rows, self.chunk_size or tile_rows
+        ):
             return None
-        n_buckets = _pair_quantiles.N_BUCKETS
-        hist = np.zeros((_pair_windows.GROUPS, 2 * n_buckets), dtype=np.int64)
+        n_buckets = pairs_plan.N_BUCKETS
+        hist = np.zeros((pairs_plan.GROUPS, 2 * n_buckets), dtype=np.int64)
         blocks = key_blocks(self.problem, self.rows, self.chunk_size, self.problem.symmetric, first_rows_only=True)
         self._histogram(self._masked(blocks), buckets, hist, None)
         assert self.ids is not None
         n_labels = int(max(self.ids[0].max(), self.ids[1].max())) + 1
         per_label = [torch.bincount(ids, minlength=n_labels) for ids in self.ids]
         positives = None
-        if int((per_label[0] * per_label[1]).sum()) <= _LISTED_POSITIVES:  # before exclusions: at most that
+        if int((per_label[0] * per_label[1]).sum()) <= pairs_plan.LISTED_POSITIVES:  # before exclusions: at most that
             self.listed_positives = positive_distances(self.qg, self.problem, self.label_comparison_fn)
             positives = torch.bincount(buckets.ids(self.listed_positives), minlength=n_buckets)
         return Sample(torch.from_numpy(hist), positives, self.n_pairs)
@@ -192,7 +188,7 @@ class PairPasses:
         bool, negatives' buckets then positives'), block by block; None without the compiled kernels."""
         if not self.compiled:
             return None
-        return self._wanted(buckets, wanted_ids[: 2 * _pair_quantiles.N_BUCKETS].numpy())
+        return self._wanted(buckets, wanted_ids[: 2 * pairs_plan.N_BUCKETS].numpy())
 
     def _wanted(self, buckets: PairBuckets, wanted: np.ndarray) -> Iterator[tuple[Tensor, Tensor]]:
         pair_kernels = _pair_kernels()

@@ -1,4 +1,4 @@
-"""The numba kernel of the exact ROC AUC pass (``functional._pair_auc``), compiled on first use and cached on disk,
+"""The numba kernel of the exact ROC AUC pass (``auc``), compiled on first use and cached on disk,
 parallel over rows on the threads ``buffer.kernel_threads`` sets.
 
 A block holds float64 inner products from one matrix product. Each entry's distance is computed from them by the

@@ -1,4 +1,4 @@
-"""EER and minDCF over every pair, exact, from the two passes of ``_pair_quantiles``.
+"""EER and minDCF over every pair, exact, from the two passes of ``quantiles``.
 
 For a threshold t (accept a pair when its distance is <= t): FMR(t) = #negatives <= t / N and FNMR(t) =
 #positives > t / P, over t in {-inf} and every distinct pair distance (docs/definitions.md).

@@ -1,4 +1,4 @@
-"""The numba kernels of the full-ranking count (``functional._full_ranking``), compiled on first use and
+"""The numba kernels of the full-ranking count (``functional._ranks.count``), compiled on first use and
 cached on disk; parallel over rows on the threads ``buffer.kernel_threads`` sets.
 
 Every query ``q`` carries ``filled[q]`` sorted thresholds, each as a bracket ``[lower, upper]`` of stage-1

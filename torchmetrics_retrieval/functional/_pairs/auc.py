@@ -25,12 +25,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._full_ranking import _relevant_pairs
-from torchmetrics_retrieval.functional._options import RetrievalOptions
+from torchmetrics_retrieval.functional._label_pairs import relevant_pairs
+from torchmetrics_retrieval.functional._pairs import plan as pairs_plan
 from torchmetrics_retrieval.functional._precision import ieee_sqrt
 from torchmetrics_retrieval.functional._progress import advance, section
 from torchmetrics_retrieval.functional._search import plan
-from torchmetrics_retrieval.functional._search.blocks import block_sides
+from torchmetrics_retrieval.functional._search.blocks import TileSchedule
 from torchmetrics_retrieval.functional._search.certify import canonical_distances
 from torchmetrics_retrieval.functional._search.compiled import DISTANCE_CODES
 from torchmetrics_retrieval.functional._search.problem import Problem, make_problem
@@ -40,29 +40,6 @@ from torchmetrics_retrieval.functional.relevance import LabelComparisonFn, _dens
 
 __all__ = ["nan_without_pairs", "place_negatives", "positive_distances", "roc_auc_of_pairs"]
 
-#: Lookup-table buckets over the positive distances (one per positive at most; 4 MiB of int32 at most). A negative
-#: in a bucket without a positive reads nothing else; in a crowded one, a binary search over the positives. The
-#: kernel reads the table in a loop of its own, where the reads overlap, so a finer table that misses L2 still pays:
-#: per negative pair, one thread, 2**17 -> 2**20 buckets took 23-26 -> 15-16 ns with 1.9M positives (N = 100k,
-#: 20 per class) and 11-15 -> 9.5-13 ns with 380k (N = 20k); 2**15 was slower in both.
-_LUT_ENTRIES = 2**20
-
-
-def _tiles(n_rows: int, n_cols: int, chunk_size: int | None, symmetric: bool) -> list[tuple[slice, slice]]:
-    """Blocks of the pairs; for a set against itself only the upper triangle of square tiles (mirrored)."""
-    if symmetric:
-        side = min(plan.SYMMETRIC_KEY_TILE, chunk_size or plan.SYMMETRIC_KEY_TILE)
-        starts = range(0, n_rows, side)
-        return [
-            (slice(a, min(a + side, n_rows)), slice(b, min(b + side, n_rows))) for a in starts for b in starts if b >= a
-        ]
-    rows, cols = block_sides(n_rows, n_cols, chunk_size, bytes_per_pair=9)
-    return [
-        (slice(a, min(a + rows, n_rows)), slice(b, min(b + cols, n_cols)))
-        for a in range(0, n_rows, rows)
-        for b in range(0, n_cols, cols)
-    ]
-
 
 class _Positives:
     """The sorted canonical distances of the positive pairs, with the lookup table of the compiled kernel."""
@@ -70,7 +47,7 @@ class _Positives:
     def __init__(self, values: Tensor) -> None:
         self.values = torch.sort(values.cpu()).values
         n = self.values.numel()
-        self.n_buckets = max(1, min(n, _LUT_ENTRIES))
+        self.n_buckets = max(1, min(n, pairs_plan.LUT_ENTRIES))
         first, last = float(self.values[0]), float(self.values[-1])
         self.first = first
         self.inv_width = self.n_buckets / (last - first) if last > first else 0.0
@@ -94,7 +71,7 @@ class _Positives:
 def positive_distances(qg: QueryGallery, problem: Problem, fn: LabelComparisonFn | None) -> Tensor:
     """The canonical distances of every eligible positive pair (ordered pairs, in no useful order)."""
     rows = torch.arange(qg.query.shape[0], device=qg.query.device)
-    pair_rows, pair_cols = _relevant_pairs(qg, problem, rows, RetrievalOptions.create(label_comparison_fn=fn))
+    pair_rows, pair_cols = relevant_pairs(qg, problem, rows, fn)
     return canonical_distances(problem, rows, pair_rows, pair_cols).to(qg.query.dtype)
 
 
@@ -102,8 +79,9 @@ def _blocks(problem: Problem, chunk_size: int | None) -> Iterator[tuple[slice, s
     """``(rows, cols, float64 inner products, mirrored)`` of every tile, each valid until the next."""
     n_rows, n_cols = problem.query64.shape[0], problem.gallery64.shape[0]
     memory = BlockMemory()  # a fresh 8 MB product per tile cost 3-12% of the products (page faults)
-    for rs, cs in _tiles(n_rows, n_cols, chunk_size, problem.symmetric):
-        mirrored = problem.symmetric and rs != cs
+    schedule = TileSchedule.of(n_rows, n_cols, chunk_size, problem.symmetric, bytes_per_pair=9)
+    for rs, cs in schedule.tiles():
+        mirrored = schedule.mirrored(rs, cs)
         left, right = problem.query64[rs], problem.gallery64[cs]
         yield rs, cs, torch.mm(left, right.T, out=memory(left.shape[0], right.shape[0], left)), mirrored
         advance((rs.stop - rs.start) * (cs.stop - cs.start) * (2 if mirrored else 1))
@@ -184,7 +162,7 @@ def _compiled_block(
 ) -> tuple[int, int]:
     from torchmetrics_retrieval.functional._search.compiled.buffer import kernel_threads
 
-    kernels = importlib.import_module("torchmetrics_retrieval.functional._search.compiled.auc_kernels")
+    kernels = importlib.import_module("torchmetrics_retrieval.functional._pairs.auc_kernels")
     kernel_threads()
     q_sq, g_sq = problem.query_sq64[rs], problem.gallery_sq64[cs]
     args = (
