@@ -30,7 +30,7 @@ from _common import clustered_embeddings
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional._sets import split_query_gallery
-from torchmetrics_retrieval.metrics._shard_search import (
+from torchmetrics_retrieval.metrics._sharded.search import (
     Found,
     _bipartite_blocks,
     _fold,

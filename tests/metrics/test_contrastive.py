@@ -332,7 +332,7 @@ def _shard_rows(sizes: list[int], rank: int) -> Tensor:
 
 
 def _sharded_scenarios(rank: int, world_size: int) -> dict[str, Any]:
-    from torchmetrics_retrieval.metrics import _shard_contrastive
+    from torchmetrics_retrieval.metrics._sharded import contrastive as _shard_contrastive
 
     calls = []
     sharded = _shard_contrastive.sharded_contrastive

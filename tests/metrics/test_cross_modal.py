@@ -154,7 +154,7 @@ def feed_rows(metric: CrossModalRetrieval, data: dict[str, Tensor], images: Tens
 
 
 def _sharded_scenarios(rank: int, world_size: int) -> dict[str, Any]:
-    from torchmetrics_retrieval.metrics import _shard_cross_modal
+    from torchmetrics_retrieval.metrics._sharded import cross_modal as _shard_cross_modal
 
     calls = []
     sharded = _shard_cross_modal.sharded_cross_modal

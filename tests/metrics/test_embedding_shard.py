@@ -21,15 +21,16 @@ from tests.metrics.test_embedding_ddp import _outcome
 from torchmetrics_retrieval.functional import retrieval_metrics
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._per_query import count_relevant
+from torchmetrics_retrieval.functional._ranks import plan as ranks_plan
 from torchmetrics_retrieval.functional._ranks.count import relevant_ranks
 from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional._search.problem import make_problem
 from torchmetrics_retrieval.functional._sets import QueryGallery, split_query_gallery
 from torchmetrics_retrieval.metrics import EmbeddingMetrics
-from torchmetrics_retrieval.metrics import _shard as shard
-from torchmetrics_retrieval.metrics import _shard_search as shard_search
-from torchmetrics_retrieval.metrics._shard_full_ranking import shard_counts, shard_thresholds
-from torchmetrics_retrieval.metrics._shard_search import _restrict_gallery
+from torchmetrics_retrieval.metrics._sharded import embedding as shard
+from torchmetrics_retrieval.metrics._sharded import search as shard_search
+from torchmetrics_retrieval.metrics._sharded.global_set import restrict_gallery
+from torchmetrics_retrieval.metrics._sharded.ranks import shard_counts, shard_thresholds
 
 N = 29  # not a multiple of 2 or 3: DistributedSampler pads with duplicates
 FIELDS = ("is_query", "sequence_ids", "categories", "camera_ids")
@@ -230,17 +231,15 @@ def _full_metric(feed: str, rank: int, world_size: int, options: dict[str, Any])
 def _full_scenarios(rank: int, world_size: int) -> dict[str, Any]:
     """Each option set of ``FULL_OPTIONS`` on its feedings; ``one_per_round``: one query of each rank per round
     (ranks with different numbers of rounds). ``calls``: the computes that took the sharded full-ranking path."""
-    from torchmetrics_retrieval.metrics import _shard_full_ranking
-
     calls = []
-    ranks, budget = shard.ShardedRanks, _shard_full_ranking._BUDGET_ENTRIES
+    ranks, budget = shard.ShardedRanks, ranks_plan.BUDGET_ENTRIES
     shard.ShardedRanks = lambda *args: calls.append(1) or ranks(*args)  # type: ignore[assignment,misc]
     outcomes: dict[str, Any] = {}
     for name, options in FULL_OPTIONS.items():
         for feed in ALL_FEEDS if name == "together" else FULL_FEEDS:
-            _shard_full_ranking._BUDGET_ENTRIES = 1 if feed == "one_per_round" else budget
+            ranks_plan.BUDGET_ENTRIES = 1 if feed == "one_per_round" else budget
             outcomes[f"{name}/{feed}"] = _outcome(_full_metric(feed, rank, world_size, options))
-    shard.ShardedRanks, _shard_full_ranking._BUDGET_ENTRIES = ranks, budget  # type: ignore[misc]
+    shard.ShardedRanks, ranks_plan.BUDGET_ENTRIES = ranks, budget  # type: ignore[misc]
     outcomes["calls"] = len(calls)
     return outcomes
 
@@ -278,7 +277,7 @@ def _ranks_over_shards(qg: QueryGallery, options: RetrievalOptions, shards: list
     problems = []
     for gallery in shards:
         if gallery.numel():  # a rank without gallery items lists and counts nothing
-            sub = _restrict_gallery(qg, gallery, qg.gallery[gallery])
+            sub = restrict_gallery(qg, gallery, qg.gallery[gallery])
             problem = make_problem(sub.query, sub.gallery, options.distance, sub.exclusions(), same_set=False)
             problems.append((sub, problem, gallery))
     pairs = torch.cat([shard_thresholds(sub, problem, gallery, options, m, last) for sub, problem, gallery in problems])

@@ -1,9 +1,9 @@
-"""FNMR@FMR, EER and minDCF in sharded mode (``metrics._shard_pairs``) on real gloo processes: every value
+"""FNMR@FMR, EER and minDCF in sharded mode (``metrics._sharded.pairs``) on real gloo processes: every value
 identical, bit for bit, to one process, for ``EmbeddingMetrics`` and ``FNMRAtFMR``, with DistributedSampler
 padding and indexes, uneven shards, an empty rank, the rank order without indexes, small-integer rows (exact
 ties and duplicates across shards, FMR values on tied distances), random rows cut into many tiles (a set
 against itself: symmetric tiles whose two blocks lie on other ranks), every distance, the exclusion rules, few
-histogram buckets; ``roc_auc`` (``metrics._shard_auc``) with ties between positive and negative distances,
+histogram buckets; ``roc_auc`` (``metrics._sharded.auc``) with ties between positive and negative distances,
 duplicates, the exclusion rules, an empty rank, padding and float64 rows, and its NaN with a warning on every
 rank; the sharded paths taken (spies); a bad row on one rank raises on every rank."""
 
@@ -27,8 +27,12 @@ from torchmetrics_retrieval.functional._pairs import plan as pairs_plan
 from torchmetrics_retrieval.functional._pairs.passes import PairPasses
 from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional._sets import split_query_gallery
-from torchmetrics_retrieval.metrics import EmbeddingMetrics, FNMRAtFMR, _shard, _shard_auc, _shard_pairs
-from torchmetrics_retrieval.metrics._shard_search import ShardedSet, gather
+from torchmetrics_retrieval.metrics import EmbeddingMetrics, FNMRAtFMR
+from torchmetrics_retrieval.metrics._sharded import auc as _shard_auc
+from torchmetrics_retrieval.metrics._sharded import embedding as _shard
+from torchmetrics_retrieval.metrics._sharded import pairs as _shard_pairs
+from torchmetrics_retrieval.metrics._sharded.gather import gather
+from torchmetrics_retrieval.metrics._sharded.global_set import ShardedSet, global_rows
 
 N = 29  # not a multiple of 2 or 3: DistributedSampler pads with duplicates
 UNEVEN = {1: [N], 2: [20, 9], 3: [3, 19, 7]}
@@ -170,7 +174,7 @@ def _tables(rank: int, world_size: int) -> dict[str, Any]:
         metric = _fed(
             EmbeddingMetrics(distributed="shard"), rank, world_size, _data(variant, "embedding"), "rank_order"
         )
-        local, small, owner, row, _ = _shard.global_rows(metric, None)
+        local, small, owner, row, _ = global_rows(metric, None)
         labels = small.pop("labels")
         placeholder = local.new_zeros((1, 1)).expand(owner.numel(), 1)
         qg = split_query_gallery(placeholder, labels, **{k: v for k, v in small.items() if v is not None})

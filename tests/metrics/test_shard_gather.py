@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from tests.metrics._distributed import run_distributed
-from torchmetrics_retrieval.metrics._shard_gather import gather, gather_rows
+from torchmetrics_retrieval.metrics._sharded.gather import gather, gather_rows
 
 ROWS = {1: [5], 2: [0, 7], 3: [4, 0, 9]}
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities.distributed import gather_all_tensors
@@ -40,6 +41,7 @@ __all__ = [
     "deduplicate",
     "non_empty_fractions",
     "on_gathered_states",
+    "runs_sharded",
     "upcast_half",
     "validate_batch",
 ]
@@ -106,9 +108,7 @@ class SampleAccumulator(Metric):
         return False
 
     def _sharding(self) -> bool:
-        """Whether ``compute`` runs sharded (``metrics._shard.runs_sharded``)."""
-        from torchmetrics_retrieval.metrics._shard import runs_sharded
-
+        """Whether ``compute`` runs sharded (:func:`runs_sharded`)."""
         return runs_sharded(self, self.distributed, self._sharded_values())
 
     def sync(self, *args: Any, **kwargs: Any) -> None:
@@ -310,3 +310,17 @@ def on_gathered_states(metric: Metric, fn: Callable[[], T]) -> T:
     finally:
         if metric._is_synced:
             metric.unsync()
+
+
+def runs_sharded(metric: Any, distributed: str, sharded_values: bool) -> bool:
+    """Whether ``metric.compute`` runs sharded: ``distributed="shard"``, syncing on compute, several processes
+    in its group, and ``sharded_values``: the sharded path computes every requested value (for the retrieval
+    metrics, :func:`shardable` of their options)."""
+    return (
+        sharded_values
+        and distributed == "shard"
+        and metric._to_sync
+        and dist.is_available()
+        and dist.is_initialized()
+        and dist.get_world_size(metric.process_group) > 1
+    )

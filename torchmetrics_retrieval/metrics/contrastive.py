@@ -142,7 +142,7 @@ class ContrastiveAccuracy(SampleAccumulator):
         """The accuracy over every pair of every process (sharded or gathered, identical values)."""
         if not self._sharding():
             return cast(Tensor | dict[str, Tensor], super().compute())
-        from torchmetrics_retrieval.metrics._shard_contrastive import sharded_contrastive
+        from torchmetrics_retrieval.metrics._sharded.contrastive import sharded_contrastive
 
         return sharded_contrastive(self, self.process_group)
 

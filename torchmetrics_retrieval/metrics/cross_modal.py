@@ -13,6 +13,7 @@ from torchmetrics_retrieval.functional._checks import check_choice, describe
 from torchmetrics_retrieval.functional._cross_modal import stacked_cross_modal_metrics
 from torchmetrics_retrieval.functional._options import option_fields
 from torchmetrics_retrieval.functional.retrieval import RetrievalOptions
+from torchmetrics_retrieval.metrics._sharded.cross_modal import check_same_dimension, missing_side
 from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator, upcast_half, validate_batch
 
 __all__ = ["CrossModalRetrieval"]
@@ -41,24 +42,6 @@ class _Side(SampleAccumulator):
 
     def _compute_samples(self, fields: dict[str, Tensor | None], indexes: Tensor | None) -> tuple[Tensor, Tensor]:
         return upcast_half(cast(Tensor, fields[f"embeddings_{self.side}"])), cast(Tensor, fields[f"ids_{self.side}"])
-
-
-def missing_side(error: ValueError, name: str) -> ValueError:
-    """The error to raise for ``error``, raised by the samples of side ``name``: it says so when no process has
-    any sample of that side (and is ``error`` itself otherwise)."""
-    if "needs at least one sample" not in str(error):
-        return error
-    return ValueError(
-        f"CrossModalRetrieval.compute() needs samples of both sides, got none of side {name} (on any process)."
-    )
-
-
-def check_same_dimension(embeddings_a: Tensor, embeddings_b: Tensor) -> None:
-    if embeddings_a.shape[1] != embeddings_b.shape[1]:
-        raise ValueError(
-            f"`embeddings_a` and `embeddings_b` must have the same dimension, got {embeddings_a.shape[1]} and "
-            f"{embeddings_b.shape[1]}."
-        )
 
 
 class CrossModalRetrieval(Metric):
@@ -152,11 +135,12 @@ class CrossModalRetrieval(Metric):
 
     def compute(self) -> dict[str, Tensor]:
         """Both directions' metrics over every accumulated sample of every process (sharded or gathered)."""
-        from torchmetrics_retrieval.metrics._shard import runs_sharded, shardable
+        from torchmetrics_retrieval.metrics._sharded.embedding import shardable
+        from torchmetrics_retrieval.metrics._state import runs_sharded
 
         # the pair metrics of each direction are not sharded here: they gather
         if runs_sharded(self, self.distributed, shardable(self.options) and not self.options.needs_pairs):
-            from torchmetrics_retrieval.metrics._shard_cross_modal import sharded_cross_modal
+            from torchmetrics_retrieval.metrics._sharded.cross_modal import sharded_cross_modal
 
             return self._keyed(sharded_cross_modal(self, self.process_group))
         embeddings_a, ids_a = self._side_samples(self.side_a, "A")

@@ -178,7 +178,7 @@ class EmbeddingMetrics(SampleAccumulator):
     # ---- sharded mode -------------------------------------------------------------------------------------------
 
     def _sharded_values(self) -> bool:
-        from torchmetrics_retrieval.metrics._shard import shardable
+        from torchmetrics_retrieval.metrics._sharded.embedding import shardable
 
         return shardable(self.options)
 
@@ -186,7 +186,7 @@ class EmbeddingMetrics(SampleAccumulator):
         """The metrics of every sample of every process (sharded or gathered, identical values)."""
         if not self._sharding():
             return cast(dict[str, Tensor], super().compute())
-        from torchmetrics_retrieval.metrics._shard import sharded_compute
+        from torchmetrics_retrieval.metrics._sharded.embedding import sharded_compute
 
         metrics, self._per_query, self._sample_indexes = sharded_compute(self, self.process_group)
         return {f"{self.prefix}{key}": value for key, value in metrics.items()}

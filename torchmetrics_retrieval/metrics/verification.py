@@ -195,7 +195,7 @@ class FNMRAtFMR(SampleAccumulator):
         """The values over every sample of every process (sharded or gathered, identical values)."""
         if not self._sharding():
             return cast(dict[str, Tensor], super().compute())
-        from torchmetrics_retrieval.metrics._shard_pairs import sharded_pair_compute
+        from torchmetrics_retrieval.metrics._sharded.pairs import sharded_pair_compute
 
         request = RateRequest(self.eer, self.min_dcf_p_target, self.dcf_costs)
         options = (self.distance, self.label_comparison_fn, self.chunk_size)

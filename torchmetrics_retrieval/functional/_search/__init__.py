@@ -1,9 +1,9 @@
 """The exact kNN engine behind :mod:`torchmetrics_retrieval.functional.search` (private: import from ``search``).
 
 The user calls ``knn``, ``knn_chunks`` or ``distance_blocks``; ``search.py`` checks the arguments once and
-builds a :class:`~.problem.Problem`; the engine takes only checked problems. The metric modules that stream
-over every pair (``retrieval``, ``verification``, the ``_ranks`` and ``_pairs`` engines) build their problem from inputs they
-checked themselves and call the engine directly.
+builds a :class:`~.problem.Problem`; the engine takes only checked problems. The metric modules and the engines
+that stream over every pair (``retrieval``, ``verification``, ``_ranks``, ``_pairs``) build their problem from
+inputs checked at the entry the user called, and call the engine directly.
 
 The pipeline, one stage per module, imports in one direction (each module imports only those above it)::
 

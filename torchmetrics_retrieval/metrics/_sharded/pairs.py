@@ -50,10 +50,9 @@ from torchmetrics_retrieval.functional._search.torch_stage import SymmetricKeys
 from torchmetrics_retrieval.functional._sets import QueryGallery
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
 from torchmetrics_retrieval.functional.verification import _bounds_of_norms, statistics_keys
-from torchmetrics_retrieval.metrics import _shard_auc
-from torchmetrics_retrieval.metrics._shard import global_problem
-from torchmetrics_retrieval.metrics._shard_gather import gather
-from torchmetrics_retrieval.metrics._shard_search import ShardedSet
+from torchmetrics_retrieval.metrics._sharded import auc as sharded_auc
+from torchmetrics_retrieval.metrics._sharded.gather import all_reduce, gather
+from torchmetrics_retrieval.metrics._sharded.global_set import ShardedSet, global_problem
 
 __all__ = ["ShardedPairs", "sharded_pair_compute", "sharded_pair_metrics"]
 
@@ -160,7 +159,7 @@ class _Totals:
 
     def histograms(self, negative: Tensor, positive: Tensor) -> tuple[Tensor, Tensor]:
         both = torch.stack([negative, positive])
-        dist.all_reduce(both, group=self.group)
+        all_reduce(both, self.group)
         return both[0], both[1]
 
     def collected(self, negatives: Counted, positives: Counted) -> tuple[Counted, Counted]:
@@ -184,7 +183,7 @@ def _buckets(shards: ShardedSet, distance: str) -> PairBuckets:
         return mine.max() if mine.numel() else norms.new_tensor(-torch.inf)
 
     found = torch.stack([largest(qg.query_positions), largest(qg.gallery_positions)])
-    dist.all_reduce(found, op=dist.ReduceOp.MAX, group=group)
+    all_reduce(found, group, dist.ReduceOp.MAX)
     return PairBuckets.spanning(*_bounds_of_norms(float(found[0]), float(found[1]), distance))
 
 
@@ -207,7 +206,7 @@ def sharded_pair_metrics(
         found = statistics(source, _buckets(shards, distance), fmr_vals, request, device, _Totals(shards.group))
         out.update(statistics_keys(found, fmr_vals))
     if roc_auc:
-        auc = _shard_auc.sharded_roc_auc(shards, distance, label_comparison_fn, chunk_size)
+        auc = sharded_auc.sharded_roc_auc(shards, distance, label_comparison_fn, chunk_size)
         out["roc_auc"] = auc.to(torch.float32)
     return out
 
@@ -225,4 +224,5 @@ def sharded_pair_compute(
     """The pair metrics of a sample accumulator whose ranks keep their samples (``FNMRAtFMR``); with ``roc_auc``
     also ``roc_auc`` (``_shard_auc``)."""
     shards, _ = global_problem(metric, group, distance)
-    return sharded_pair_metrics(shards, fmr_vals, request, distance, label_comparison_fn, chunk_size, roc_auc)
+    with shards.whole():
+        return sharded_pair_metrics(shards, fmr_vals, request, distance, label_comparison_fn, chunk_size, roc_auc)

@@ -25,7 +25,6 @@ every rank), its counts and one ``chunk_size`` tile.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -41,8 +40,9 @@ from torchmetrics_retrieval.functional.contrastive import (
     _prepare,
     _rounding_bound,
 )
-from torchmetrics_retrieval.metrics._shard import global_rows
-from torchmetrics_retrieval.metrics._shard_gather import gather
+from torchmetrics_retrieval.metrics._sharded.gather import all_reduce
+from torchmetrics_retrieval.metrics._sharded.global_set import global_rows
+from torchmetrics_retrieval.metrics._sharded.rounds import visiting_rounds
 from torchmetrics_retrieval.metrics._state import _concat
 
 __all__ = ["VISIT_BLOCK", "sharded_contrastive"]
@@ -61,7 +61,7 @@ def _check_finite(views: dict[str, Tensor], group: Any) -> None:
     except ValueError as error:
         message = str(error)
     flags = torch.tensor([len(message) > 0], dtype=torch.long, device=next(iter(views.values())).device)
-    dist.all_reduce(flags, group=group)
+    all_reduce(flags, group)
     if int(flags):
         raise ValueError(message or f"`z1`/`z2` of {int(flags)} other process(es) failed the checks of the rows.")
 
@@ -93,27 +93,19 @@ def sharded_contrastive(metric: Any, group: Any) -> Tensor | dict[str, Tensor]:
     own = torch.arange(a.shape[0], device=a.device)
     partner = _pair_dots(a, b, own, own)
     norms = torch.tensor([largest_norm(a), largest_norm(b)], dtype=torch.float64, device=a.device)
-    dist.all_reduce(norms, op=dist.ReduceOp.MAX, group=group)
+    all_reduce(norms, group, dist.ReduceOp.MAX)
     tol = _rounding_bound(a.shape[1], a.dtype, float(norms[0]), float(norms[1]))
     chunk = metric.chunk_size or DEFAULT_CHUNK
-    rounds = torch.tensor([math.ceil(a.shape[0] / VISIT_BLOCK)], device=a.device)
-    dist.all_reduce(rounds, op=dist.ReduceOp.MAX, group=group)
-    rank = dist.get_rank(group)
     hits_1 = torch.zeros(len(ks), dtype=torch.int64, device=a.device)  # direction 1 of this rank's pairs
     above_2 = torch.zeros(a.shape[0], dtype=torch.int64, device=a.device)  # direction 2, summed over the rounds
-    for r in range(int(rounds)):
-        block = slice(r * VISIT_BLOCK, (r + 1) * VISIT_BLOCK)
-        visiting = gather(a[block], group)
-        start = sum(rows.shape[0] for rows in visiting[:rank])
-        above_1, above_own = _count_above(
-            torch.cat(visiting), b, torch.cat(gather(partner[block], group)), partner, tol, chunk
-        )
+    for visit in visiting_rounds(a.shape[0], VISIT_BLOCK, group, a.device):
+        visiting, visiting_partner = visit.join(a[visit.mine]), visit.join(partner[visit.mine])
+        above_1, above_own = _count_above(visiting, b, visiting_partner, partner, tol, chunk)
         above_2 += above_own
-        dist.all_reduce(above_1, group=group)  # this shard's candidates + every other shard's: all of them
-        ours = above_1[start : start + visiting[rank].shape[0]]
-        hits_1 += (ours[:, None] < k).sum(dim=0)
+        all_reduce(above_1, group)  # this shard's candidates + every other shard's: all of them
+        hits_1 += (above_1[visit.ours, None] < k).sum(dim=0)
     hits = torch.stack([hits_1, (above_2[:, None] < k).sum(dim=0)])
-    dist.all_reduce(hits, group=group)
+    all_reduce(hits, group)
     scores = [0.5 * (_accuracy(hits[0, i], n) + _accuracy(hits[1, i], n)) for i in range(len(ks))]
     if single:
         return scores[0]

@@ -44,8 +44,9 @@ from torchmetrics_retrieval.functional._progress import section
 from torchmetrics_retrieval.functional._search.problem import Problem, make_problem
 from torchmetrics_retrieval.functional._sets import QueryGallery
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
-from torchmetrics_retrieval.metrics._shard_gather import gather
-from torchmetrics_retrieval.metrics._shard_search import QUERY_BLOCK, ShardedSet, _restrict_gallery
+from torchmetrics_retrieval.metrics._sharded.gather import all_reduce, gather
+from torchmetrics_retrieval.metrics._sharded.global_set import ShardedSet, restrict_gallery
+from torchmetrics_retrieval.metrics._sharded.search import QUERY_BLOCK
 
 __all__ = ["sharded_roc_auc"]
 
@@ -58,10 +59,10 @@ class _Rounds:
         self.qg, self.local, self.row, self.distance, self.group = qg, local, row, distance, group
         rank = dist.get_rank(group)
         columns = torch.nonzero(owner[qg.gallery_positions] == rank).flatten()  # global gallery positions
-        self.shard = _restrict_gallery(qg, columns, local[row[qg.gallery_positions[columns]]])
+        self.shard = restrict_gallery(qg, columns, local[row[qg.gallery_positions[columns]]])
         self.queries = torch.nonzero(owner[qg.query_positions] == rank).flatten()  # this rank's query rows
         rounds = torch.tensor([math.ceil(self.queries.numel() / QUERY_BLOCK)], device=local.device)
-        dist.all_reduce(rounds, op=dist.ReduceOp.MAX, group=group)
+        all_reduce(rounds, group, dist.ReduceOp.MAX)
         self.n_rounds = int(rounds)
 
     def __iter__(self) -> Iterator[tuple[QueryGallery, Problem] | None]:
@@ -105,7 +106,7 @@ def sharded_roc_auc(
             if part is not None:
                 placed = place_negatives(*part, positives, label_comparison_fn, chunk_size)
                 counts += torch.tensor(placed, device=device)
-    dist.all_reduce(counts, group=group)
+    all_reduce(counts, group)
     below, equal = (int(v) for v in counts)
     area = (below + 0.5 * equal) / (n_positive * n_negative)  # Python ints: one process's expression
     return torch.tensor(area, dtype=torch.float64, device=device)

@@ -36,8 +36,6 @@ threshold lists and counts travel, never a gallery shard.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -48,8 +46,9 @@ from torchmetrics_retrieval.functional._ranks import plan as ranks_plan
 from torchmetrics_retrieval.functional._ranks.count import _count_before, _Thresholds
 from torchmetrics_retrieval.functional._search.problem import Problem, make_problem
 from torchmetrics_retrieval.functional._sets import QueryGallery
-from torchmetrics_retrieval.metrics._shard_gather import gather
-from torchmetrics_retrieval.metrics._shard_search import ShardedSet, _restrict_gallery
+from torchmetrics_retrieval.metrics._sharded.gather import all_reduce, gather
+from torchmetrics_retrieval.metrics._sharded.global_set import ShardedSet, restrict_gallery
+from torchmetrics_retrieval.metrics._sharded.rounds import Visit, visiting_rounds
 
 __all__ = ["ShardedRanks", "shard_counts", "shard_thresholds"]
 
@@ -65,34 +64,34 @@ class ShardedRanks:
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         # this rank's gallery columns (global gallery positions, increasing: ``nonzero`` sorts them)
         self.gallery = torch.nonzero(owner[qg.gallery_positions] == self.rank).flatten()
-        self.shard = _restrict_gallery(qg, self.gallery, local[row[qg.gallery_positions[self.gallery]]])
+        self.shard = restrict_gallery(qg, self.gallery, local[row[qg.gallery_positions[self.gallery]]])
 
     def __call__(self, rows: Tensor, max_relevant: int | None, last: bool) -> Tensor:
         """``(len(rows), m)`` ranks of the queries ``queries[rows]``, as ``relevant_ranks`` returns them; ``m``
         from the largest n(q) of every rank's queries, so that it is the one-process width."""
         queries, device = self.queries[rows], self.local.device
         n_relevant = self.n_relevant[queries]
-        sizes = torch.tensor([int(n_relevant.max()) if n_relevant.numel() else 0, queries.numel()], device=device)
-        dist.all_reduce(sizes, op=dist.ReduceOp.MAX, group=self.group)
-        n_max, most = (int(v) for v in sizes)
+        largest = torch.tensor([int(n_relevant.max()) if n_relevant.numel() else 0], device=device)
+        all_reduce(largest, self.group, dist.ReduceOp.MAX)
+        n_max = int(largest)
         if n_max == 0:  # no relevant item anywhere: the same on every rank, so no rank enters a round
             return torch.zeros((queries.numel(), 0), dtype=torch.long, device=device)
         m = 1 if last else n_max if max_relevant is None else min(max_relevant, n_max)
         # the one-process budget of thresholds per query chunk, for all ranks' visiting blocks together
         block = max(1, ranks_plan.BUDGET_ENTRIES // ((n_max + 1) * self.world))
-        parts = [self._round(queries[b * block : (b + 1) * block], m, last) for b in range(math.ceil(most / block))]
-        return torch.cat(parts)
+        rounds = visiting_rounds(queries.numel(), block, self.group, device)
+        return torch.cat([self._round(visit, queries[visit.mine], m, last) for visit in rounds])
 
-    def _round(self, mine: Tensor, m: int, last: bool) -> Tensor:
+    def _round(self, visit: Visit, mine: Tensor, m: int, last: bool) -> Tensor:
         """The ranks of this rank's block ``mine`` (rows of ``qg``), while every rank's block visits."""
         qg, group, device = self.qg, self.group, self.local.device
-        visiting_rows = gather(mine, group)
-        visiting = torch.cat(gather(self.local[self.row[qg.query_positions[mine]]], group))
+        visiting_rows = visit.join(mine)
+        visiting = visit.join(self.local[self.row[qg.query_positions[mine]]])
         n_visiting = visiting.shape[0]
         problem: Problem | None = None
         listed = torch.zeros((0, 4), dtype=torch.float64, device=device)
         if n_visiting and self.gallery.numel():
-            sub = self.shard.take(torch.cat(visiting_rows))._replace(query=visiting)
+            sub = self.shard.take(visiting_rows)._replace(query=visiting)
             problem = make_problem(sub.query, sub.gallery, self.options.distance, sub.exclusions(), same_set=False)
             listed = shard_thresholds(sub, problem, self.gallery, self.options, m, last)
         pairs = torch.cat(gather(listed, group))  # every shard's: per query, its gallery's first m (or last)
@@ -100,11 +99,9 @@ class ShardedRanks:
         before = torch.zeros((n_visiting, m), dtype=torch.long, device=device)
         if problem is not None:
             before = shard_counts(problem, self.gallery, pairs, self.options, m, last)
-        dist.all_reduce(before, group=group)  # the items before each threshold, over every shard
-        start = sum(r.numel() for r in visiting_rows[: self.rank])
-        ours = slice(start, start + mine.numel())
-        known = torch.arange(m, device=device)[None, :] < filled[ours, None]
-        return torch.where(known, before[ours] + 1, 0)
+        all_reduce(before, group)  # the items before each threshold, over every shard
+        known = torch.arange(m, device=device)[None, :] < filled[visit.ours, None]
+        return torch.where(known, before[visit.ours] + 1, 0)
 
 
 def shard_thresholds(

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -40,9 +40,11 @@ from torchmetrics_retrieval.functional._search.problem import make_problem
 from torchmetrics_retrieval.functional._search.rounds import Search
 from torchmetrics_retrieval.functional._search.types import KNNResult, consecutive_start
 from torchmetrics_retrieval.functional._sets import QueryGallery
-from torchmetrics_retrieval.metrics._shard_gather import gather
+from torchmetrics_retrieval.metrics._sharded.gather import gather
+from torchmetrics_retrieval.metrics._sharded.global_set import ShardedSet, restrict_gallery
+from torchmetrics_retrieval.metrics._sharded.rounds import visiting_rounds
 
-__all__ = ["QUERY_BLOCK", "VISIT_ROWS", "ShardedSet", "one_sided_top_k", "symmetric_fits", "symmetric_top_k"]
+__all__ = ["QUERY_BLOCK", "VISIT_ROWS", "one_sided_top_k", "symmetric_fits", "symmetric_top_k"]
 
 #: Queries of one rank searched per round of :func:`one_sided_top_k` (each round all-gathers one block per rank).
 QUERY_BLOCK = 4096
@@ -55,40 +57,9 @@ _EMBEDDINGS, _CANDIDATES = 1, 2
 Found = tuple[Tensor, Tensor, Tensor]
 
 
-class ShardedSet(NamedTuple):
-    """The de-duplicated global set of a sharded metric, as every rank sees it."""
-
-    qg: QueryGallery  # the problem over the global set: positions are global rows, the embeddings placeholders
-    local: Tensor  # this rank's rows (checked)
-    owner: Tensor  # the rank that holds each global row ...
-    row: Tensor  # ... as its local row
-    group: Any  # the process group
-
-
-def _restrict_gallery(qg: QueryGallery, rows: Tensor, gallery: Tensor) -> QueryGallery:
-    """The problem with its gallery cut to ``rows`` (the embeddings ``gallery``), rules and self index remapped."""
-    remap = torch.full((qg.gallery.shape[0],), -1, dtype=torch.long, device=rows.device)
-    remap[rows] = torch.arange(rows.numel(), device=rows.device)
-    own = torch.where(qg.self_index >= 0, remap[qg.self_index.clamp(min=0)], -1)
-
-    def side(ids: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor] | None:
-        return None if ids is None else (ids[0], ids[1][rows])
-
-    return qg._replace(
-        gallery=gallery,
-        gallery_labels=qg.gallery_labels[rows],
-        self_index=own,
-        gallery_positions=qg.gallery_positions[rows],
-        sequence_ids=side(qg.sequence_ids),
-        search_groups=side(qg.search_groups),
-        camera_labels=side(qg.camera_labels),
-        same_set=False,
-    )
-
-
 def _subset(qg: QueryGallery, rows: Tensor, embeddings: Tensor) -> QueryGallery:
     """The samples ``rows`` (sorted) of a set searched against itself, as a set of their own."""
-    return _restrict_gallery(qg.take(rows), rows, embeddings)._replace(query=embeddings, same_set=True)
+    return restrict_gallery(qg.take(rows), rows, embeddings)._replace(query=embeddings, same_set=True)
 
 
 def _empty(n: int, k: int, like: Tensor) -> Found:
@@ -224,23 +195,19 @@ def one_sided_top_k(shards: ShardedSet, options: RetrievalOptions, k: int) -> tu
     rank = dist.get_rank(group)
     my_queries = torch.nonzero(owner[qg.query_positions] == rank).flatten()
     my_gallery = torch.nonzero(owner[qg.gallery_positions] == rank).flatten()
-    shard = _restrict_gallery(qg, my_gallery, _local_rows(local, row[qg.gallery_positions[my_gallery]]))
-    rounds = torch.tensor([math.ceil(my_queries.numel() / QUERY_BLOCK)], device=local.device)
-    dist.all_reduce(rounds, op=dist.ReduceOp.MAX, group=group)
+    shard = restrict_gallery(qg, my_gallery, _local_rows(local, row[qg.gallery_positions[my_gallery]]))
     parts: list[tuple[Tensor, ...]] = []
-    for b in range(int(rounds)):
-        rows = my_queries[b * QUERY_BLOCK : (b + 1) * QUERY_BLOCK]
-        visiting_rows = gather(rows, group)
-        visiting = torch.cat(gather(local[row[qg.query_positions[rows]]], group))
+    for visit in visiting_rounds(my_queries.numel(), QUERY_BLOCK, group, local.device):
+        rows = my_queries[visit.mine]
+        visiting_rows = visit.join(rows)
+        visiting = visit.join(local[row[qg.query_positions[rows]]])
         found = _empty(visiting.shape[0], k, local)
         if visiting.shape[0] and my_gallery.numel():
-            problem = shard.take(torch.cat(visiting_rows))._replace(query=visiting)
+            problem = shard.take(visiting_rows)._replace(query=visiting)
             result = _search(problem, options, k, exact_distances=True)(torch.arange(visiting.shape[0]))
             found = _padded(result, k, my_gallery, local)
-        start = sum(r.numel() for r in visiting_rows[:rank])
-        ours = slice(start, start + rows.numel())
         # every rank's candidates for every visiting query; this rank keeps those of its own block
-        d, i, v = (torch.cat([part[ours] for part in gather(t, group)], dim=1) for t in found)
+        d, i, v = (torch.cat([part[visit.ours] for part in gather(t, group)], dim=1) for t in found)
         parts.append((rows, *merge((d, i, v), k)))
     rows, distances, items, valid = (torch.cat(column) for column in zip(*parts, strict=True))
     return rows, distances, items, valid

@@ -16,12 +16,29 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._sets import split_query_gallery
-from torchmetrics_retrieval.metrics._shard import check_rows, global_rows, sharded_ranking
-from torchmetrics_retrieval.metrics._shard_gather import gather
-from torchmetrics_retrieval.metrics._shard_search import ShardedSet
-from torchmetrics_retrieval.metrics.cross_modal import check_same_dimension, missing_side
+from torchmetrics_retrieval.metrics._sharded.embedding import sharded_ranking
+from torchmetrics_retrieval.metrics._sharded.gather import gather
+from torchmetrics_retrieval.metrics._sharded.global_set import ShardedSet, check_rows, global_rows
 
-__all__ = ["sharded_cross_modal"]
+__all__ = ["check_same_dimension", "missing_side", "sharded_cross_modal"]
+
+
+def missing_side(error: ValueError, name: str) -> ValueError:
+    """The error to raise for ``error``, raised by the samples of side ``name``: it says so when no process has
+    any sample of that side (and is ``error`` itself otherwise)."""
+    if "needs at least one sample" not in str(error):
+        return error
+    return ValueError(
+        f"CrossModalRetrieval.compute() needs samples of both sides, got none of side {name} (on any process)."
+    )
+
+
+def check_same_dimension(embeddings_a: Tensor, embeddings_b: Tensor) -> None:
+    if embeddings_a.shape[1] != embeddings_b.shape[1]:
+        raise ValueError(
+            f"`embeddings_a` and `embeddings_b` must have the same dimension, got {embeddings_a.shape[1]} and "
+            f"{embeddings_b.shape[1]}."
+        )
 
 
 def sharded_cross_modal(metric: Any, group: Any) -> dict[str, dict[str, Tensor]]:
@@ -51,5 +68,7 @@ def sharded_cross_modal(metric: Any, group: Any) -> dict[str, dict[str, Tensor]]
     both = {}
     for direction, is_query in (("a_to_b", is_a), ("b_to_a", ~is_a)):
         qg = split_query_gallery(placeholder, ids, is_query=is_query, is_gallery=~is_query)
-        both[direction] = sharded_ranking(ShardedSet(qg, local, owner, row, group), options)[0]
+        shards = ShardedSet(qg, local, owner, row, group)
+        with shards.whole():
+            both[direction] = sharded_ranking(shards, options)[0]
     return both

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["gather", "gather_rows"]
+__all__ = ["all_reduce", "gather", "gather_rows"]
 
 
 def _padded(tensor: Tensor, shape: list[int]) -> Tensor:
@@ -90,3 +90,10 @@ def gather_rows(table: dict[str, Tensor], group: Any) -> dict[str, Tensor]:
         for key, piece in zip(keys, whole.split(widths, dim=1), strict=True):
             gathered[key] = piece.reshape(whole.shape[0], *table[key].shape[1:]).contiguous()
     return {key: gathered[key] for key in table}
+
+
+def all_reduce(tensor: Tensor, group: Any, op: Any = None) -> Tensor:
+    """``dist.all_reduce`` of ``tensor`` in place (a sum unless ``op``), returned: every collective of sharded mode
+    goes through this module."""
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op is None else op, group=group)
+    return tensor
