@@ -154,16 +154,30 @@ class PairPasses:
             return None
         n_buckets = pairs_plan.N_BUCKETS
         hist = np.zeros((pairs_plan.GROUPS, 2 * n_buckets), dtype=np.int64)
-        blocks = key_blocks(self.problem, self.rows, self.chunk_size, self.problem.symmetric, first_rows_only=True)
-        self._histogram(self._masked(blocks), buckets, hist, None)
+        self._histogram(self._masked(self._sample_blocks()), buckets, hist, None)
+        positives = self._listed_positives()
+        counted = None if positives is None else torch.bincount(buckets.ids(positives), minlength=n_buckets)
+        n_pairs = self.qg.query.shape[0] * self.qg.gallery.shape[0]
+        return Sample(self._sample_total(torch.from_numpy(hist)), counted, n_pairs)
+
+    def _sample_blocks(self) -> Iterator[KeyBlock]:
+        """The key blocks of the sample: the first tile of rows against every column."""
+        return key_blocks(self.problem, self.rows, self.chunk_size, self.problem.symmetric, first_rows_only=True)
+
+    def _sample_total(self, hist: Tensor) -> Tensor:
+        """The sample's histograms of every part of the pairs (a source holding a part sums them over the parts)."""
+        return hist
+
+    def _listed_positives(self) -> Tensor | None:
+        """Every positive pair's canonical distance, kept for ROC AUC, when there are at most
+        ``plan.LISTED_POSITIVES`` (else None)."""
         assert self.ids is not None
         n_labels = int(max(self.ids[0].max(), self.ids[1].max())) + 1
         per_label = [torch.bincount(ids, minlength=n_labels) for ids in self.ids]
-        positives = None
-        if int((per_label[0] * per_label[1]).sum()) <= pairs_plan.LISTED_POSITIVES:  # before exclusions: at most that
-            self.listed_positives = positive_distances(self.qg, self.problem, self.label_comparison_fn)
-            positives = torch.bincount(buckets.ids(self.listed_positives), minlength=n_buckets)
-        return Sample(torch.from_numpy(hist), positives, self.n_pairs)
+        if int((per_label[0] * per_label[1]).sum()) > pairs_plan.LISTED_POSITIVES:  # before exclusions: at most that
+            return None
+        self.listed_positives = positive_distances(self.qg, self.problem, self.label_comparison_fn)
+        return self.listed_positives
 
     def _histogram(
         self,

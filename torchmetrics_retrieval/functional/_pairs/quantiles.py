@@ -23,6 +23,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import NamedTuple, Protocol
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -62,6 +63,8 @@ class PassTotals(Protocol):
     def histograms(self, negative: Tensor, positive: Tensor) -> tuple[Tensor, Tensor]: ...
 
     def collected(self, negatives: Counted, positives: Counted) -> tuple[Counted, Counted]: ...
+
+    def counters(self, fine: np.ndarray) -> np.ndarray: ...
 
 
 class PairBuckets(NamedTuple):
@@ -289,10 +292,10 @@ def statistics(
 ) -> Statistics:
     """The curve at ``fractions`` and the rates of ``request`` (EER, minDCF; see ``rates``), exact, from
     two passes over ``source`` shared by all of them, or one when the windows foresee the second's buckets
-    (``totals``: the source holds a part of the pairs, and each pass's result becomes that of every pair
-    through it; the windows are left out then, as their sample is one process's)."""
+    (``totals``: the source holds a part of the pairs, and each pass's result, the windows' counts included,
+    becomes that of every pair through it)."""
     total = getattr(source, "n_pairs", None)
-    windows = None if totals is not None else _windows(source, buckets, fractions, request)
+    windows = _windows(source, buckets, fractions, request)
     with section("pairs, histograms", total):
         negative_hist, positive_hist = _histograms(source, buckets, windows)
     if totals is not None:
@@ -318,14 +321,16 @@ def statistics(
         whole = wanted_buckets(negative_hist, positive_hist, request)
         negative_wanted, positive_wanted = negative_wanted | whole, positive_wanted | whole
     needed = negative_wanted | positive_wanted
+    if windows is not None and totals is not None:  # every part's counts of the tracked values
+        windows.fine = totals.counters(windows.fine.sum(axis=0, keepdims=True, dtype=np.int64))
     early = None if windows is None else windows.read(buckets.ids, negative_hist, positive_hist, needed)
     if early is not None:  # every wanted bucket was counted by value in pass 1
         negatives, positives = early
     else:
         with section("pairs, exact values", total):
             negatives, positives = _collect(source, buckets, negative_wanted, positive_wanted)
-    if totals is not None:
-        negatives, positives = totals.collected(negatives, positives)
+        if totals is not None:
+            negatives, positives = totals.collected(negatives, positives)
     found, points = (
         ({}, {}) if request is None else rates(negative_hist, positive_hist, negatives, positives, buckets.ids, request)
     )

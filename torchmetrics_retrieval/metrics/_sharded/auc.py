@@ -7,11 +7,11 @@ area is ``(below + equal / 2) / (n_pos * n_neg)``. Each negative's decision is e
 block that computes it: where a block's rigorous bound is ambiguous the pair takes its canonical distance,
 computed pair by pair, the same on any rank and in any company. So any partition of the ordered pairs gives the
 same integer counts, and the ranks share them out as (visiting query block) x (this rank's gallery shard), in
-the rounds of ``_shard_full_ranking``: each round every rank's next block of its own queries is all-gathered
-(rows and embeddings) and every rank works on the visiting block against its shard
-(``_shard_search._restrict_gallery``: global rules and self index remapped, ``same_set=False``, so each ordered
-pair is computed once, by the rank holding its gallery item, and no block is mirrored). The number of rounds is
-the largest over ranks (an ``all_reduce`` MAX), so every rank enters the same collectives.
+the visiting rounds (``rounds``): each round every rank's next block of its own queries is all-gathered (rows and
+embeddings) and every rank works on the visiting block against its shard (``global_set.restrict_gallery``: global
+rules and self index remapped, ``same_set=False``, so each ordered pair is computed once, by the rank holding its
+gallery item, and no block is mirrored). Every part is planned as part of the whole problem
+(``ShardedSet.whole``), so every round takes the compiled kernels where one process would.
 
 1. *positives*: in the rounds each rank lists the positive pairs of its sub-problems with their canonical
    distances (``_pairs.auc.positive_distances``); they are all-gathered and sorted on every rank (the multiset of
@@ -27,7 +27,6 @@ counts are global, so every rank takes that way, and no rank enters the second r
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 
 import torch
@@ -46,13 +45,15 @@ from torchmetrics_retrieval.functional._sets import QueryGallery
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
 from torchmetrics_retrieval.metrics._sharded.gather import all_reduce, gather
 from torchmetrics_retrieval.metrics._sharded.global_set import ShardedSet, restrict_gallery
+from torchmetrics_retrieval.metrics._sharded.rounds import visiting_rounds
 from torchmetrics_retrieval.metrics._sharded.search import QUERY_BLOCK
 
 __all__ = ["sharded_roc_auc"]
 
 
 class _Rounds:
-    """The sub-problems of this rank: every rank's query blocks, in turn, against this rank's gallery shard."""
+    """The sub-problems of this rank: every rank's query blocks, in the visiting rounds, against this rank's gallery
+    shard (``same_set=False``: each ordered pair computed once, by the rank holding its gallery item)."""
 
     def __init__(self, shards: ShardedSet, distance: str) -> None:
         qg, local, owner, row, group = shards
@@ -61,16 +62,13 @@ class _Rounds:
         columns = torch.nonzero(owner[qg.gallery_positions] == rank).flatten()  # global gallery positions
         self.shard = restrict_gallery(qg, columns, local[row[qg.gallery_positions[columns]]])
         self.queries = torch.nonzero(owner[qg.query_positions] == rank).flatten()  # this rank's query rows
-        rounds = torch.tensor([math.ceil(self.queries.numel() / QUERY_BLOCK)], device=local.device)
-        all_reduce(rounds, group, dist.ReduceOp.MAX)
-        self.n_rounds = int(rounds)
 
     def __iter__(self) -> Iterator[tuple[QueryGallery, Problem] | None]:
         """``(sub-problem, its problem)`` per round; ``None`` when this rank has nothing to do in the round."""
-        for b in range(self.n_rounds):
-            mine = self.queries[b * QUERY_BLOCK : (b + 1) * QUERY_BLOCK]
-            visiting_rows = torch.cat(gather(mine, self.group))
-            visiting = torch.cat(gather(self.local[self.row[self.qg.query_positions[mine]]], self.group))
+        for visit in visiting_rounds(self.queries.numel(), QUERY_BLOCK, self.group, self.local.device):
+            mine = self.queries[visit.mine]
+            visiting_rows = visit.join(mine)
+            visiting = visit.join(self.local[self.row[self.qg.query_positions[mine]]])
             if not (visiting.shape[0] and self.shard.gallery.shape[0]):
                 yield None
                 continue

@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -123,9 +124,9 @@ class ShardedPairs(PairPasses):
             keys = addmm_keys(left[:, :dim].contiguous(), right[:, :dim].contiguous(), bias, -2.0 if self.l2 else -1.0)
             return keys(slice(0, left.shape[0]), slice(0, right.shape[0]))
 
-    def _key_blocks(self) -> Iterator[KeyBlock]:
+    def _key_blocks(self, first_rows_only: bool = False) -> Iterator[KeyBlock]:
         any_tile = False
-        for i, rows in enumerate(self.row_blocks):
+        for i, rows in enumerate(self.row_blocks[:1] if first_rows_only else self.row_blocks):
             left = self._fetch(self.qg.query_positions[rows])
             for j, right in self.held.items():
                 cols = self.col_blocks[j]
@@ -139,6 +140,15 @@ class ShardedPairs(PairPasses):
         if not any_tile:  # the passes read at least one block
             empty = slice(0, 0)
             yield KeyBlock(empty, empty, self.stage.new_zeros((0, 0)), False)
+
+    def _sample_blocks(self) -> Iterator[KeyBlock]:
+        return self._key_blocks(first_rows_only=True)
+
+    def _sample_total(self, hist: Tensor) -> Tensor:
+        return all_reduce(hist, self.group)
+
+    def _listed_positives(self) -> Tensor | None:
+        return None  # a positive pair's two rows may lie on two ranks: the sample's positives foresee FNMR
 
 
 def _placeholder_problem(qg: QueryGallery, sq64: Tensor, distance: str) -> Problem:
@@ -164,6 +174,9 @@ class _Totals:
 
     def collected(self, negatives: Counted, positives: Counted) -> tuple[Counted, Counted]:
         return self._merged(negatives), self._merged(positives)
+
+    def counters(self, fine: np.ndarray) -> np.ndarray:
+        return all_reduce(torch.from_numpy(fine), self.group).numpy()
 
     def _merged(self, counted: Counted) -> Counted:
         values, counts = gather(counted.values, self.group), gather(counted.counts, self.group)
