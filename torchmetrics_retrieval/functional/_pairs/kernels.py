@@ -54,9 +54,8 @@ def _row_slots(
     """``slots[c]``: row r's pair with column c as an index of ``hist``/``wanted`` (its bucket, plus ``n_buckets``
     when positive; plus ``_IN_SPAN`` when the bucket lies in ``span``, ``(first, last)``), -1 when excluded;
     ``values[c]``: its distance (-0 made +0, so that equal values have one bit pattern). Written without a
-    branch on the data, so that the loop vectorises; the callers read the slots in a second loop (measured:
-    about half the time of one fused loop; and reading a table there for every pair, to find the tracked ones,
-    cost 1.6 ns a pair)."""
+    branch on the data, so that the loop vectorises; the callers read the slots in a second loop (a fused loop
+    could not vectorise, and a table read per pair to find the tracked ones would cost more than the flag)."""
     row_mask = mask[min(np.int64(r), mask.shape[0] - 1)]
     first, last = span
     for c in range(keys.shape[1]):

@@ -252,7 +252,7 @@ class _Counter:
         self.ambiguous_cols.append(c + c0)
 
     def _add_compiled(self, keys: Tensor, rs: slice, c0: int, mask: Tensor | None, transposed: bool) -> None:
-        if transposed:  # the row kernel on a transposed copy: a kernel reading the columns in place took 3x as long
+        if transposed:  # the row kernel on a transposed copy: reading the columns in place strides through memory
             keys, mask = self._transposed(keys), None if mask is None else self._transposed(mask)
         mask_np = np.ones((1, 1), dtype=np.bool_) if mask is None else mask.numpy()
         table = tuple(a[rs] for a in self.table)
@@ -262,8 +262,8 @@ class _Counter:
         n_ambiguous = np.zeros(n_rows, dtype=np.int64)
         held = np.empty((n_rows, ranks_plan.AMBIGUOUS_PER_ROW), dtype=np.int64)
         self.kernels.count_rows(*args, self.hist.numpy()[rs], n_ambiguous, held)
-        # only the few rows with near ties are read back: a mask over every row's buffer took 0.12 s, on one
-        # thread, of a 1.9 s call at two threads (N = 20k, 20 per class, map_full)
+        # only the few rows with near ties are read back: a mask over every row's buffer is a serial pass over
+        # rows x AMBIGUOUS_PER_ROW entries, a visible share of the call at many threads
         some = np.flatnonzero(n_ambiguous)
         fits = n_ambiguous[some] <= ranks_plan.AMBIGUOUS_PER_ROW
         held_rows, per_row = some[fits], n_ambiguous[some[fits]]
