@@ -8,6 +8,7 @@ an empty rank, and PCF's streamed sums as well as its kept rows.
 
 from __future__ import annotations
 
+import importlib
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -101,9 +102,27 @@ def _by_shards(rank: int, sizes: list[int], name: str, data: dict[str, Tensor], 
     return metric
 
 
+#: The sharded path of each class (module, function), looked up at call time by its ``compute``: counting its calls
+#: shows that it ran (a fallback to gathering would give the same numbers).
+SHARDED_PATHS = {
+    "fnmr": ("torchmetrics_retrieval.metrics._sharded.pairs", "sharded_pair_compute"),
+    "contrastive": ("torchmetrics_retrieval.metrics._sharded.contrastive", "sharded_contrastive"),
+}
+
+
+def _count_sharded_calls() -> dict[str, list[int]]:
+    calls: dict[str, list[int]] = {}
+    for name, (module_name, function) in SHARDED_PATHS.items():
+        module = importlib.import_module(module_name)
+        original, calls[name] = getattr(module, function), []
+        setattr(module, function, lambda *args, _o=original, _c=calls[name]: _c.append(1) or _o(*args))
+    return calls
+
+
 def _scenarios(rank: int, world_size: int) -> dict[str, Any]:
     data = _data()
     outcomes: dict[str, Any] = {}
+    calls = _count_sharded_calls()
     for name in CLASSES:
         outcomes[f"{name}/sampler"] = _outcome(_by_sampler(rank, world_size, name, data))
         outcomes[f"{name}/uneven"] = _outcome(_by_shards(rank, UNEVEN[world_size], name, data, indexes=True))
@@ -119,6 +138,7 @@ def _scenarios(rank: int, world_size: int) -> dict[str, Any]:
         dims = PCF()  # streamed sums of different dimensions
         dims.update(torch.randn(3, 4 + rank))
         outcomes["pcf/dims"] = _outcome(dims)
+    outcomes["sharded_calls"] = {name: len(count) for name, count in calls.items()}
     return outcomes
 
 
@@ -163,3 +183,5 @@ def test_identical_to_one_process(world_size: int, tmp_path: Path, single_proces
         assert "`indexes` must be given on every process or on none" in outcomes["pcf/mixed"]["error"]
         assert outcomes["pcf/mixed_local_count"] == UNEVEN[world_size][rank] + 2
         assert "`embeddings` must have the same number of columns on every process" in outcomes["pcf/dims"]["error"]
+        # the four scenarios with samples ran sharded (the one without any sample raises before the search)
+        assert outcomes["sharded_calls"] == {"fnmr": 5, "contrastive": 5}, outcomes["sharded_calls"]

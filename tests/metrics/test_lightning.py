@@ -25,12 +25,29 @@ from torchmetrics import MetricCollection
 
 from torchmetrics_retrieval.functional import pcf, retrieval_metrics
 from torchmetrics_retrieval.metrics import PCF, EmbeddingMetrics
+from torchmetrics_retrieval.metrics._sharded import embedding as sharded_embedding
 from torchmetrics_retrieval.metrics._state import deduplicate
 
 # metrics from each query's top K: under ddp_spawn EmbeddingMetrics(distributed="shard") runs sharded, each
 # process keeping its own embeddings
 OPTIONS: dict[str, Any] = {"cmc_top_k": (1, 5), "precision_top_k": (5,), "map_top_k": (5,), "map_at_r": True}
 N_TRAIN = 1200  # the validation set has 1797 - 1200 = 597 samples: DistributedSampler pads one duplicate
+
+
+def _counted_sharded_compute() -> list[int]:
+    """Count the calls of the sharded path of ``EmbeddingMetrics.compute`` (looked up at call time): a fallback to
+    gathering would give the same numbers, so the count is what shows that the sharded path ran."""
+    calls: list[int] = []
+    original = sharded_embedding.sharded_compute
+    if not hasattr(original, "calls"):
+
+        def counting(*args: Any) -> Any:
+            counting.calls.append(1)  # type: ignore[attr-defined]
+            return original(*args)
+
+        counting.calls = calls  # type: ignore[attr-defined]
+        sharded_embedding.sharded_compute = counting  # type: ignore[assignment]
+    return sharded_embedding.sharded_compute.calls  # type: ignore[attr-defined,no-any-return]
 
 
 class DigitsEmbedder(pl.LightningModule):
@@ -57,12 +74,17 @@ class DigitsEmbedder(pl.LightningModule):
         self.val_metrics.update(embeddings, y, indexes=index)
         self.seen.append((index, embeddings, y))
 
+    def on_validation_epoch_start(self) -> None:
+        _counted_sharded_compute()  # in the process that computes (ddp_spawn's children)
+
     def on_validation_epoch_end(self) -> None:
         self.log_dict(self.val_metrics.compute())
         self.val_metrics.reset()
         index, embeddings, labels = (torch.cat(parts) for parts in zip(*self.seen, strict=True))
         stage = self.trainer.state.fn.value if self.trainer.state.fn else "none"
         torch.save((index, embeddings, labels), Path(self.out_dir) / f"{stage}_rank{self.global_rank}.pt")
+        calls = len(_counted_sharded_compute())
+        torch.save(calls, Path(self.out_dir) / f"{stage}_sharded_calls_rank{self.global_rank}.pt")
         self.seen = []
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -126,4 +148,9 @@ def test_fit_and_validate_log_exact_metrics(strategy: str, devices: int, tmp_pat
     expected = _direct(tmp_path, "validate", devices)
     _assert_logged(validated, expected)
     _assert_logged(trainer.callback_metrics, expected)
+    # each validation epoch's compute() ran the sharded path under ddp_spawn (2 in fit, then 1), never on one process
+    for rank in range(devices):
+        for stage, epochs in (("fit", 2), ("validate", 1)):
+            calls = torch.load(tmp_path / f"{stage}_sharded_calls_rank{rank}.pt")
+            assert calls == (epochs if devices > 1 else 0), (stage, rank, calls)
     assert 0.5 < float(expected["val/cmc/1"]) <= 1.0  # the embedding learned something
