@@ -18,8 +18,8 @@ from __future__ import annotations
 import importlib
 import math
 import warnings
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -38,7 +38,7 @@ from torchmetrics_retrieval.functional._search.stream_topk import BlockMemory
 from torchmetrics_retrieval.functional._sets import QueryGallery
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn, _dense_label_ids, _label_match_compute
 
-__all__ = ["nan_without_pairs", "place_negatives", "positive_distances", "roc_auc_of_pairs"]
+__all__ = ["ProductTile", "nan_without_pairs", "place_negatives", "positive_distances", "roc_auc_of_pairs"]
 
 
 class _Positives:
@@ -75,15 +75,31 @@ def positive_distances(qg: QueryGallery, problem: Problem, fn: LabelComparisonFn
     return canonical_distances(problem, rows, pair_rows, pair_cols).to(qg.query.dtype)
 
 
-def _blocks(problem: Problem, chunk_size: int | None) -> Iterator[tuple[slice, slice, Tensor, bool]]:
-    """``(rows, cols, float64 inner products, mirrored)`` of every tile, each valid until the next."""
+class ProductTile(NamedTuple):
+    """A tile of float64 inner products: the pairs ``rows`` x ``cols`` of the whole problem (labels, rules, self
+    index), whose rows sit at ``at_rows`` and ``at_cols`` of ``problem`` (the whole problem on one process; a
+    problem of the tile's rows alone on a rank of a sharded evaluation). ``mirrored``: it also stands for the pairs
+    (column, row)."""
+
+    rows: slice
+    cols: slice
+    dots: Tensor
+    mirrored: bool
+    problem: Problem
+    at_rows: slice
+    at_cols: slice
+
+
+def _tiles(problem: Problem, chunk_size: int | None) -> Iterator[ProductTile]:
+    """Every tile of the problem, each valid until the next."""
     n_rows, n_cols = problem.query64.shape[0], problem.gallery64.shape[0]
-    memory = BlockMemory()  # a fresh 8 MB product per tile cost 3-12% of the products (page faults)
+    memory = BlockMemory()  # a fresh product per tile would fault in its pages anew
     schedule = TileSchedule.of(n_rows, n_cols, chunk_size, problem.symmetric, bytes_per_pair=9)
     for rs, cs in schedule.tiles():
         mirrored = schedule.mirrored(rs, cs)
         left, right = problem.query64[rs], problem.gallery64[cs]
-        yield rs, cs, torch.mm(left, right.T, out=memory(left.shape[0], right.shape[0], left)), mirrored
+        dots = torch.mm(left, right.T, out=memory(left.shape[0], right.shape[0], left))
+        yield ProductTile(rs, cs, dots, mirrored, problem, rs, cs)
         advance((rs.stop - rs.start) * (cs.stop - cs.start) * (2 if mirrored else 1))
 
 
@@ -127,9 +143,11 @@ def place_negatives(
     positives: _Positives,
     label_comparison_fn: LabelComparisonFn | None,
     chunk_size: int | None,
+    tiles: Iterable[ProductTile] | None = None,
 ) -> tuple[int, int]:
     """``(below, equal)``: over every eligible negative pair of ``qg`` (``problem`` its problem), the positive
-    distances ``positives`` strictly below and equal to its canonical distance; exact whatever the blocks."""
+    distances ``positives`` strictly below and equal to its canonical distance; exact whatever the tiles.
+    ``tiles``: the tiles to read (a part of the pairs, each read once by one caller), by default every tile."""
     device = qg.query.device
     n_query, n_gallery = qg.query.shape[0], qg.gallery.shape[0]
     ids = None if label_comparison_fn is not None else _dense_label_ids(qg.query_labels, qg.gallery_labels)
@@ -138,23 +156,20 @@ def place_negatives(
     own = own if own is not None else torch.full((n_query,), -1, dtype=torch.long, device=device)
     others = problem.exclusions._replace(self_index=None)
     below = equal = 0
-    for rs, cs, dots, mirrored in _blocks(problem, chunk_size):
-        mask = others.eligible(rs, cs, (dots.shape[0], dots.shape[1]), device)
+    for tile in _tiles(problem, chunk_size) if tiles is None else tiles:
+        mask = others.eligible(tile.rows, tile.cols, (tile.dots.shape[0], tile.dots.shape[1]), device)
         if compiled:
             assert ids is not None
-            found = _compiled_block(problem, rs, cs, dots, mask, own, ids, positives)
+            found = _compiled_block(tile, mask, own, ids, positives)
         else:
-            found = _torch_block(qg, problem, rs, cs, mask, own, ids, label_comparison_fn, positives)
-        weight = 2 if mirrored else 1
+            found = _torch_block(qg, tile, mask, own, ids, label_comparison_fn, positives)
+        weight = 2 if tile.mirrored else 1
         below, equal = below + weight * found[0], equal + weight * found[1]
     return below, equal
 
 
 def _compiled_block(
-    problem: Problem,
-    rs: slice,
-    cs: slice,
-    dots: Tensor,
+    tile: ProductTile,
     mask: Tensor | None,
     own: Tensor,
     ids: tuple[Tensor, Tensor],
@@ -164,7 +179,8 @@ def _compiled_block(
 
     kernels = importlib.import_module("torchmetrics_retrieval.functional._pairs.auc_kernels")
     kernel_threads()
-    q_sq, g_sq = problem.query_sq64[rs], problem.gallery_sq64[cs]
+    problem, rs, cs, dots = tile.problem, tile.rows, tile.cols, tile.dots
+    q_sq, g_sq = problem.query_sq64[tile.at_rows], problem.gallery_sq64[tile.at_cols]
     args = (
         dots.numpy(), q_sq.numpy(), g_sq.numpy(), ieee_sqrt(q_sq).numpy(), ieee_sqrt(g_sq).numpy(),
         DISTANCE_CODES[problem.distance], 1.01 * problem.query64.shape[1] * 2.0**-53, cs.start, own[rs].numpy(),
@@ -182,8 +198,7 @@ def _compiled_block(
         cols = np.empty(undecided, dtype=np.int64)
         kernels.list_undecided(*args, which, offsets, cols)
         rows = torch.from_numpy(np.repeat(which, per_row[which]))
-        block_rows = torch.arange(rs.start, rs.stop)
-        exact = canonical_distances(problem, block_rows, rows, torch.from_numpy(cols) + cs.start).to(problem.dtype)
+        exact = _canonical(tile, rows, torch.from_numpy(cols))
         more = positives.place(exact)
         below, equal = below + more[0], equal + more[1]
     return below, equal
@@ -191,9 +206,7 @@ def _compiled_block(
 
 def _torch_block(
     qg: QueryGallery,
-    problem: Problem,
-    rs: slice,
-    cs: slice,
+    tile: ProductTile,
     mask: Tensor | None,
     own: Tensor,
     ids: tuple[Tensor, Tensor] | None,
@@ -201,6 +214,7 @@ def _torch_block(
     positives: _Positives,
 ) -> tuple[int, int]:
     """Any device, dtype or label rule: every negative pair of the block gets its canonical distance."""
+    rs, cs = tile.rows, tile.cols
     if ids is not None:
         negative = ids[0][rs, None] != ids[1][None, cs]
     else:
@@ -210,6 +224,12 @@ def _torch_block(
     hit = torch.nonzero((own[rs] >= cs.start) & (own[rs] < cs.stop)).flatten()
     negative[hit, own[rs][hit] - cs.start] = False
     rows, cols = torch.nonzero(negative, as_tuple=True)
-    block_rows = torch.arange(rs.start, rs.stop, device=rows.device)
-    exact = canonical_distances(problem, block_rows, rows, cols + cs.start).to(problem.dtype)
-    return positives.place(exact)
+    return positives.place(_canonical(tile, rows, cols))
+
+
+def _canonical(tile: ProductTile, rows: Tensor, cols: Tensor) -> Tensor:
+    """The canonical distances of the tile's pairs ``(rows[i], cols[i])`` (positions within the tile), in the
+    embeddings' dtype: computed pair by pair, so the same whichever problem holds the rows."""
+    problem = tile.problem
+    at_rows = torch.arange(tile.at_rows.start, tile.at_rows.stop, device=rows.device)
+    return canonical_distances(problem, at_rows, rows, cols + tile.at_cols.start).to(problem.dtype)

@@ -34,19 +34,23 @@ import torch.distributed as dist
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._pairs.auc import (
+    ProductTile,
     _Positives,
     nan_without_pairs,
     place_negatives,
     positive_distances,
 )
-from torchmetrics_retrieval.functional._progress import section
+from torchmetrics_retrieval.functional._progress import advance, section
+from torchmetrics_retrieval.functional._search.blocks import TileSchedule
+from torchmetrics_retrieval.functional._search.keys import self_dots
 from torchmetrics_retrieval.functional._search.problem import Problem, make_problem
 from torchmetrics_retrieval.functional._sets import QueryGallery
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
 from torchmetrics_retrieval.metrics._sharded.gather import all_reduce, gather
-from torchmetrics_retrieval.metrics._sharded.global_set import ShardedSet, restrict_gallery
+from torchmetrics_retrieval.metrics._sharded.global_set import ShardedSet, placeholder_problem, restrict_gallery
 from torchmetrics_retrieval.metrics._sharded.rounds import visiting_rounds
 from torchmetrics_retrieval.metrics._sharded.search import QUERY_BLOCK
+from torchmetrics_retrieval.metrics._sharded.tiles import ShardedTiles
 
 __all__ = ["sharded_roc_auc"]
 
@@ -80,6 +84,19 @@ class _Rounds:
         return self.qg.query.shape[0] * self.shard.gallery.shape[0]
 
 
+def _product_tiles(tiles: ShardedTiles, problem: Problem) -> Iterator[ProductTile]:
+    """This rank's tiles as float64 products, each with a problem of its own rows (their canonical norms are
+    computed row by row, as one process computes them)."""
+    for tile in tiles.tiles():
+        left = tile.left.to(torch.float64)
+        right = left if tile.right is None else tile.right.to(torch.float64)
+        left_sq, right_sq = self_dots(left), self_dots(right)
+        own = problem._replace(query64=left, gallery64=right, query_sq64=left_sq, gallery_sq64=right_sq)
+        at_rows, at_cols = slice(0, left.shape[0]), slice(0, right.shape[0])
+        yield ProductTile(tile.rows, tile.cols, torch.mm(left, right.T), tile.mirrored, own, at_rows, at_cols)
+        advance(tile.n_pairs)
+
+
 def sharded_roc_auc(
     shards: ShardedSet, distance: str, label_comparison_fn: LabelComparisonFn | None, chunk_size: int | None
 ) -> Tensor:
@@ -97,14 +114,14 @@ def sharded_roc_auc(
     undefined = nan_without_pairs(n_positive, n_negative, device)
     if undefined is not None:
         return undefined
-    positives = _Positives(every_positive)
-    counts = torch.zeros(2, dtype=torch.int64, device=device)
-    with section("pairs, ROC AUC", rounds.n_pairs()):
-        for part in rounds:
-            if part is not None:
-                placed = place_negatives(*part, positives, label_comparison_fn, chunk_size)
-                counts += torch.tensor(placed, device=device)
-    all_reduce(counts, group)
+    problem = placeholder_problem(qg, distance)
+    schedule = TileSchedule.of(qg.query.shape[0], qg.gallery.shape[0], chunk_size, problem.symmetric, 9)
+    tiles = ShardedTiles(shards, schedule, local)
+    with section("pairs, ROC AUC", tiles.n_pairs()):
+        placed = place_negatives(
+            qg, problem, _Positives(every_positive), label_comparison_fn, chunk_size, _product_tiles(tiles, problem)
+        )
+    counts = all_reduce(torch.tensor(placed, dtype=torch.int64, device=device), group)
     below, equal = (int(v) for v in counts)
     area = (below + 0.5 * equal) / (n_positive * n_negative)  # Python ints: one process's expression
     return torch.tensor(area, dtype=torch.float64, device=device)

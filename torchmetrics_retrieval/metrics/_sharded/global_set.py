@@ -15,13 +15,13 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._search import plan
-from torchmetrics_retrieval.functional._search.problem import make_problem
+from torchmetrics_retrieval.functional._search.problem import Problem, make_problem
 from torchmetrics_retrieval.functional._search.types import Exclusions
 from torchmetrics_retrieval.functional._sets import QueryGallery, split_query_gallery
 from torchmetrics_retrieval.metrics._sharded.gather import all_reduce, gather, gather_rows
 from torchmetrics_retrieval.metrics._state import _concat, _layout, _templates, deduplicate, upcast_half
 
-__all__ = ["ShardedSet", "check_rows", "global_problem", "global_rows", "restrict_gallery"]
+__all__ = ["ShardedSet", "check_rows", "global_problem", "global_rows", "placeholder_problem", "restrict_gallery"]
 
 
 class ShardedSet(NamedTuple):
@@ -118,3 +118,16 @@ def global_problem(metric: Any, group: Any, distance: str) -> tuple[ShardedSet, 
     placeholder = local.new_zeros((1, 1)).expand(owner.numel(), 1)  # the split needs no embedding
     qg = split_query_gallery(placeholder, labels, **{k: v for k, v in small.items() if v is not None})
     return ShardedSet(qg, local, owner, row, group), indexes
+
+
+def placeholder_problem(qg: QueryGallery, distance: str, sq64: Tensor | None = None) -> Problem:
+    """The problem of the global set ``qg``: its rules, self index, symmetry and dtype, for the passes that read
+    pairs tile by tile; its rows are placeholders (a pass brings the rows of its tiles), and ``sq64`` the squared
+    norms by global position, when the pass needs them."""
+    ones = qg.query.new_ones((qg.query.shape[0], 1))
+    gallery = ones if qg.same_set else qg.gallery.new_ones((qg.gallery.shape[0], 1))
+    problem = make_problem(ones, gallery, distance, qg.exclusions(), qg.same_set)
+    if sq64 is None:
+        return problem
+    query_sq = sq64[qg.query_positions]
+    return problem._replace(query_sq64=query_sq, gallery_sq64=query_sq if qg.same_set else sq64[qg.gallery_positions])

@@ -8,9 +8,8 @@ canonical ones of the kNN search: the key of a pair depends on the tile's formul
 rows its own way (say one-sided, its queries against another rank's gallery) would read other float32
 values, hence other thresholds and counts. So the ranks compute exactly the tiles of one process:
 
-* the tiles are ``key_blocks``' tiles of the global set (same sides, same global row and column ranges);
-  column block ``j`` is held by rank ``j % P`` (gathered once), and in each pass the row blocks are
-  all-gathered one after the other, each rank computing its tiles of the row block with the same product
+* the tiles are ``key_blocks``' tiles of the global set (one ``TileSchedule``: same sides, same global row and
+  column ranges), shared out by ``tiles.ShardedTiles``: each rank computes its tiles with the same product
   (``SymmetricKeys`` / ``addmm_keys``, IEEE float32) of the same float32 stage rows (``stage_rows`` of the
   canonical squared norms: row by row, so the owner of a row makes the same row). Every key is one process's,
   bit for bit, given a BLAS that repeats a product of the same operands (which one process's second pass
@@ -21,7 +20,10 @@ values, hence other thresholds and counts. So the ranks compute exactly the tile
 * the bucket edges come from the largest norms (all-reduced, each norm computed row by row as one process
   does); the histograms are summed over the ranks (integers: exact), so every rank picks the same wanted
   buckets; the distinct distances collected there, with their multiplicities, are gathered and merged (a
-  union of multisets, whatever the order). From these the values are one process's code on the same numbers.
+  union of multisets, whatever the order). From these the values are one process's code on the same numbers;
+* the sample that foresees the exact values (``PairPasses.sample``) is every rank's tiles of the first row block,
+  summed; the windows' counts of the tracked values are summed before they are read, so one pass suffices
+  where it does on one process.
 
 Each tile is computed by one rank, so each ordered pair is counted once. A rank holds its column blocks (about
 ``1/P`` of the gallery, whole blocks), one row block and one tile of keys.
@@ -45,15 +47,14 @@ from torchmetrics_retrieval.functional._progress import advance
 from torchmetrics_retrieval.functional._search.blocks import TileSchedule
 from torchmetrics_retrieval.functional._search.key_blocks import KeyBlock
 from torchmetrics_retrieval.functional._search.keys import self_dots, stage_rows
-from torchmetrics_retrieval.functional._search.problem import Problem, make_problem
 from torchmetrics_retrieval.functional._search.stream_topk import addmm_keys
 from torchmetrics_retrieval.functional._search.torch_stage import SymmetricKeys
-from torchmetrics_retrieval.functional._sets import QueryGallery
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
 from torchmetrics_retrieval.functional.verification import _bounds_of_norms, statistics_keys
 from torchmetrics_retrieval.metrics._sharded import auc as sharded_auc
 from torchmetrics_retrieval.metrics._sharded.gather import all_reduce, gather
-from torchmetrics_retrieval.metrics._sharded.global_set import ShardedSet, global_problem
+from torchmetrics_retrieval.metrics._sharded.global_set import ShardedSet, global_problem, placeholder_problem
+from torchmetrics_retrieval.metrics._sharded.tiles import ShardedTiles
 
 __all__ = ["ShardedPairs", "sharded_pair_compute", "sharded_pair_metrics"]
 
@@ -70,44 +71,25 @@ class ShardedPairs(PairPasses):
         chunk_size: int | None,
     ) -> None:
         qg, local, owner, row, group = shards
-        self.owner, self.row, self.group = owner, row, group
-        self.rank, world = dist.get_rank(group), dist.get_world_size(group)
+        self.group = group
         local64 = local.to(torch.float64)
         sq64 = self_dots(local64)
         stage, stage_sq = stage_rows(local64, sq64, distance)
         self.l2 = stage_sq is not None
         # the float32 stage row and squared norm of every local row, sent together
-        self.stage = torch.cat([stage, (stage_sq if stage_sq is not None else stage.new_zeros(len(stage)))[:, None]], 1)
+        norms = stage_sq if stage_sq is not None else stage.new_zeros(len(stage))
+        stage_payload = torch.cat([stage, norms[:, None]], 1)
         parts = gather(sq64, group)
         first = torch.tensor([0, *(part.numel() for part in parts)], device=local.device).cumsum(0)[:-1]
         every_sq = torch.cat(parts)[first[owner] + row]  # by global position
-        super().__init__(qg, distance, label_comparison_fn, chunk_size, _placeholder_problem(qg, every_sq, distance))
-        self.row_blocks, self.col_blocks, _ = TileSchedule.of(
-            qg.query.shape[0], qg.gallery.shape[0], chunk_size, self.symmetric
-        )
-        self.held: dict[int, Tensor] = {}
-        for j, cols in enumerate(self.col_blocks):  # a collective per block: every rank, in the same order
-            block = self._fetch(qg.gallery_positions[cols])
-            if j % world == self.rank:
-                self.held[j] = block
-        self.n_pairs = sum(  # the ordered pairs of this rank's tiles (its progress bar's total)
-            (rows.stop - rows.start) * (cols.stop - cols.start) * (2 if self.symmetric and rows != cols else 1)
-            for rows in self.row_blocks
-            for cols in map(self.col_blocks.__getitem__, self.held)
-            if not (self.symmetric and cols.start < rows.start)
-        )
+        super().__init__(qg, distance, label_comparison_fn, chunk_size, placeholder_problem(qg, distance, every_sq))
+        schedule = TileSchedule.of(qg.query.shape[0], qg.gallery.shape[0], chunk_size, self.symmetric)
+        self.sharded_tiles = ShardedTiles(shards, schedule, stage_payload)
+        self.n_pairs = self.sharded_tiles.n_pairs()
 
     @property
     def symmetric(self) -> bool:
         return self.problem.symmetric
-
-    def _fetch(self, positions: Tensor) -> Tensor:
-        """The stage rows (squared norm last) of the samples at these global positions, from their owners."""
-        holders = self.owner[positions]
-        parts = gather(self.stage[self.row[positions[holders == self.rank]]], self.group)
-        block = self.stage.new_empty((positions.numel(), self.stage.shape[1]))
-        block[torch.argsort(holders, stable=True)] = torch.cat(parts)
-        return block
 
     def _keys(self, left: Tensor, right: Tensor | None) -> Tensor:
         """The keys of a tile by ``key_blocks``' product (``right`` None: a diagonal tile of the symmetric set)."""
@@ -126,20 +108,14 @@ class ShardedPairs(PairPasses):
 
     def _key_blocks(self, first_rows_only: bool = False) -> Iterator[KeyBlock]:
         any_tile = False
-        for i, rows in enumerate(self.row_blocks[:1] if first_rows_only else self.row_blocks):
-            left = self._fetch(self.qg.query_positions[rows])
-            for j, right in self.held.items():
-                cols = self.col_blocks[j]
-                if self.symmetric and cols.start < rows.start:
-                    continue
-                any_tile = True
-                keys = self._keys(left, None if self.symmetric and i == j else right)
-                mirrored = self.symmetric and rows != cols
-                yield KeyBlock(rows, cols, keys, mirrored)
-                advance((rows.stop - rows.start) * (cols.stop - cols.start) * (2 if mirrored else 1))
+        for tile in self.sharded_tiles.tiles(first_rows_only):
+            any_tile = True
+            keys = self._keys(tile.left, tile.right)
+            yield KeyBlock(tile.rows, tile.cols, keys, tile.mirrored)
+            advance(tile.n_pairs)
         if not any_tile:  # the passes read at least one block
             empty = slice(0, 0)
-            yield KeyBlock(empty, empty, self.stage.new_zeros((0, 0)), False)
+            yield KeyBlock(empty, empty, torch.zeros((0, 0)), False)
 
     def _sample_blocks(self) -> Iterator[KeyBlock]:
         return self._key_blocks(first_rows_only=True)
@@ -149,16 +125,6 @@ class ShardedPairs(PairPasses):
 
     def _listed_positives(self) -> Tensor | None:
         return None  # a positive pair's two rows may lie on two ranks: the sample's positives foresee FNMR
-
-
-def _placeholder_problem(qg: QueryGallery, sq64: Tensor, distance: str) -> Problem:
-    """The problem of ``qg`` with its rules and the squared norms ``sq64`` (by global position) of the global
-    set; its rows are placeholders (``ShardedPairs`` makes the key blocks)."""
-    ones = qg.query.new_ones((qg.query.shape[0], 1))
-    gallery = ones if qg.same_set else qg.gallery.new_ones((qg.gallery.shape[0], 1))
-    problem = make_problem(ones, gallery, distance, qg.exclusions(), qg.same_set)
-    query_sq = sq64[qg.query_positions]
-    return problem._replace(query_sq64=query_sq, gallery_sq64=query_sq if qg.same_set else sq64[qg.gallery_positions])
 
 
 class _Totals:

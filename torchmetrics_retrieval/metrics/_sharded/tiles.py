@@ -1,0 +1,105 @@
+"""The one tile schedule of the passes over every pair (``_search.blocks.TileSchedule``) shared out over the ranks
+of a sharded set: each tile is computed by exactly one rank, so each pair is read once, and a set against itself
+keeps one process's symmetric tiles (half the products).
+
+Column block ``j`` is held by one rank (its rows fetched from their owners once, at the start); the blocks go to
+the ranks largest first, each to the rank with the fewest pairs so far, so that the ranks' shares of a symmetric
+triangle differ by at most one block. The row blocks then travel one after the other: each is all-gathered (every
+rank sends its own rows of it) and every rank computes its tiles of that row block against the column blocks it
+holds. A rank holds its column blocks (about ``1 / P`` of the gallery) and one row block: never the whole set.
+What travels is a *payload* per sample, chosen by the pass: the float32 stage rows of the key passes, the rows
+themselves for ROC AUC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from torchmetrics_retrieval.functional._search.blocks import TileSchedule
+from torchmetrics_retrieval.metrics._sharded.gather import gather
+from torchmetrics_retrieval.metrics._sharded.global_set import ShardedSet
+
+__all__ = ["ShardedTiles", "Tile"]
+
+
+class Tile(NamedTuple):
+    """One tile of this rank: its global ``rows`` and ``cols``, their payload rows (``right`` None: a tile on the
+    diagonal of a set against itself, whose columns are its rows), and whether it also stands for the pairs
+    (column, row)."""
+
+    rows: slice
+    cols: slice
+    left: Tensor
+    right: Tensor | None
+    mirrored: bool
+
+    @property
+    def n_pairs(self) -> int:
+        """The ordered pairs the tile stands for."""
+        return (self.rows.stop - self.rows.start) * (self.cols.stop - self.cols.start) * (2 if self.mirrored else 1)
+
+
+def _holders(schedule: TileSchedule, world: int) -> list[int]:
+    """The rank that holds each column block: largest first, to the rank with the fewest pairs so far (ties: the
+    lower rank), so that every rank decides the same."""
+
+    def pairs(j: int) -> int:
+        cols = schedule.col_blocks[j]
+        rows = [rs for rs in schedule.row_blocks if not (schedule.symmetric and cols.start < rs.start)]
+        return (cols.stop - cols.start) * sum(rs.stop - rs.start for rs in rows)
+
+    load, holders = [0] * world, [0] * len(schedule.col_blocks)
+    for j in sorted(range(len(schedule.col_blocks)), key=lambda j: (-pairs(j), j)):
+        holders[j] = min(range(world), key=lambda r: (load[r], r))
+        load[holders[j]] += pairs(j)
+    return holders
+
+
+class ShardedTiles:
+    """This rank's tiles of ``schedule`` over ``shards``, with ``payload`` (one row per local sample) fetched for
+    their rows and columns. Every rank must make it and iterate it to the end together (each row block is a
+    collective)."""
+
+    def __init__(self, shards: ShardedSet, schedule: TileSchedule, payload: Tensor) -> None:
+        self.shards, self.schedule, self.payload = shards, schedule, payload
+        self.rank = dist.get_rank(shards.group)
+        holders = _holders(schedule, dist.get_world_size(shards.group))
+        self.held: dict[int, Tensor] = {}
+        for j, cols in enumerate(schedule.col_blocks):  # a collective per block: every rank, in the same order
+            block = self.fetch(shards.qg.gallery_positions[cols])
+            if holders[j] == self.rank:
+                self.held[j] = block
+
+    def fetch(self, positions: Tensor) -> Tensor:
+        """The payload rows of the samples at these global positions, from their owners (a collective)."""
+        owner, row = self.shards.owner, self.shards.row
+        holders = owner[positions]
+        parts = gather(self.payload[row[positions[holders == self.rank]]], self.shards.group)
+        block = self.payload.new_empty((positions.numel(), *self.payload.shape[1:]))
+        block[torch.argsort(holders, stable=True)] = torch.cat(parts)
+        return block
+
+    def tiles(self, first_rows_only: bool = False) -> Iterator[Tile]:
+        """This rank's tiles, row blocks outer (``first_rows_only``: those of the first row block)."""
+        schedule, positions = self.schedule, self.shards.qg.query_positions
+        for i, rows in enumerate(schedule.row_blocks[:1] if first_rows_only else schedule.row_blocks):
+            left = self.fetch(positions[rows])
+            for j, right in self.held.items():
+                cols = schedule.col_blocks[j]
+                if schedule.symmetric and cols.start < rows.start:
+                    continue
+                diagonal = schedule.symmetric and i == j
+                yield Tile(rows, cols, left, None if diagonal else right, schedule.mirrored(rows, cols))
+
+    def n_pairs(self) -> int:
+        """The ordered pairs of this rank's tiles (its progress bar's total)."""
+        return sum(
+            (rs.stop - rs.start) * (cs.stop - cs.start) * (2 if self.schedule.mirrored(rs, cs) else 1)
+            for rs, cs in self.schedule.tiles()
+            if any(cs == self.schedule.col_blocks[j] for j in self.held)
+        )
