@@ -7,12 +7,15 @@ import pytest
 import torch
 
 import torchmetrics_retrieval.functional as F
+from tests.functional.conftest import KernelCalls
 from torchmetrics_retrieval.functional._ranks import count as _full_ranking
 from torchmetrics_retrieval.functional._ranks import plan as ranks_plan
 from torchmetrics_retrieval.functional._search import plan, stream_topk
 
 
-def test_every_chunk_of_the_full_ranking_count_takes_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_chunk_of_the_full_ranking_count_takes_the_kernels(
+    monkeypatch: pytest.MonkeyPatch, kernel_calls: KernelCalls
+) -> None:
     g = torch.Generator().manual_seed(0)
     x, labels = torch.randn(90, 4, generator=g), torch.randint(0, 5, (90,), generator=g)
     monkeypatch.setattr(ranks_plan, "BUDGET_ENTRIES", 200)  # chunks of a few queries, the last one smaller
@@ -25,8 +28,12 @@ def test_every_chunk_of_the_full_ranking_count_takes_the_kernels(monkeypatch: py
         chosen.append(self.compiled)
 
     monkeypatch.setattr(_full_ranking._Counter, "__init__", spy)
-    F.retrieval_metrics(x, labels, cmc_top_k=(1,), precision_top_k=(), map_top_k=(), map_full=True)
+    with kernel_calls.expect(True, "ranks.count_rows"):
+        F.retrieval_metrics(x, labels, cmc_top_k=(1,), precision_top_k=(), map_top_k=(), map_full=True)
     assert len(chosen) > 2 and all(chosen)
+    # and the kernels ran: every chunk's counter built its table and counted its rows with them
+    assert kernel_calls.total("ranks.build_table") == len(chosen)
+    assert kernel_calls.total("ranks.count_rows") >= len(chosen)
 
 
 def test_every_group_of_a_one_sided_search_takes_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:

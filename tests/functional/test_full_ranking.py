@@ -2,7 +2,8 @@
 
 Both implementations of the counting pass run (compiled kernels and torch passes), with small chunk sizes so
 that exact ties and duplicates straddle block boundaries, with every exclusion rule, lone queries, a custom
-label comparison and every distance.
+label comparison and every distance. Each case checks which implementation ran (``kernel_calls``): the compiled
+count kernel when forced on, no kernel when forced off.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import torch
 
 import torchmetrics_retrieval.functional as F
 from tests import reference
+from tests.functional.conftest import KernelCalls
 from torchmetrics_retrieval.functional._ranks import plan as ranks_plan
-from torchmetrics_retrieval.functional._search import plan
 
 PATHS = pytest.mark.parametrize("compiled", [True, False], ids=["compiled kernels", "torch passes"])
 
@@ -60,19 +61,19 @@ def ours(x: torch.Tensor, labels: torch.Tensor, **kwargs: object) -> dict[str, f
 @pytest.mark.parametrize("distance", ["euclidean", "sqeuclidean", "cosine", "dot"])
 @pytest.mark.parametrize("chunk_size", [None, 7])
 def test_map_and_mrr_match_the_reference_with_ties_across_blocks(
-    compiled: bool, distance: str, chunk_size: int | None
+    compiled: bool, distance: str, chunk_size: int | None, kernel_calls: KernelCalls
 ) -> None:
     x, labels = tied_data(90, seed=1)
     if distance == "cosine":
         x[x.abs().sum(dim=1) == 0] = 1.0  # no zero rows
     expected = full_metrics(reference.leave_one_out(x, labels, distance=distance))
-    with plan.force_compiled(compiled):
+    with kernel_calls.forced(compiled, "ranks.count_rows"):
         got = ours(x, labels, distance=distance, chunk_size=chunk_size)
     assert got == pytest.approx(expected, abs=1e-6)
 
 
 @PATHS
-def test_every_exclusion_rule_and_a_query_subset(compiled: bool) -> None:
+def test_every_exclusion_rule_and_a_query_subset(compiled: bool, kernel_calls: KernelCalls) -> None:
     x, labels = tied_data(120, seed=2)
     g = torch.Generator().manual_seed(5)
     sequence_ids = torch.randint(0, 30, (120,), generator=g)
@@ -83,7 +84,7 @@ def test_every_exclusion_rule_and_a_query_subset(compiled: bool) -> None:
         x, labels, is_query=is_query.tolist(), is_gallery=is_gallery.tolist(),
         sequence_ids=sequence_ids, search_groups=search_groups,
     )  # fmt: skip
-    with plan.force_compiled(compiled):
+    with kernel_calls.forced(compiled, "ranks.count_rows"):
         got = ours(
             x, labels, is_query=is_query, is_gallery=is_gallery, sequence_ids=sequence_ids,
             search_groups=search_groups, chunk_size=16,
@@ -92,7 +93,7 @@ def test_every_exclusion_rule_and_a_query_subset(compiled: bool) -> None:
 
 
 @PATHS
-def test_separate_gallery_custom_comparison_and_float64(compiled: bool) -> None:
+def test_separate_gallery_custom_comparison_and_float64(compiled: bool, kernel_calls: KernelCalls) -> None:
     g = torch.Generator().manual_seed(3)
     query = torch.randint(-2, 3, (40, 3), generator=g).double()
     gallery = torch.cat([query[:10], torch.randint(-2, 3, (70, 3), generator=g).double()])
@@ -103,18 +104,18 @@ def test_separate_gallery_custom_comparison_and_float64(compiled: bool) -> None:
         return a[..., 0] == b[..., 0]
 
     refs = reference.rankings(query, query_labels, gallery, gallery_labels, label_comparison_fn=same_first)
-    with plan.force_compiled(compiled):
+    with kernel_calls.forced(compiled, "ranks.count_rows"):
         got = ours(query, query_labels, gallery=gallery, gallery_labels=gallery_labels, label_comparison_fn=same_first)
     assert got == pytest.approx(full_metrics(refs), abs=1e-6)  # metric values are float32
     # multi-column labels compared as a whole (the default)
     refs = reference.rankings(query, query_labels, gallery, gallery_labels)
-    with plan.force_compiled(compiled):
+    with kernel_calls.forced(compiled, "ranks.count_rows"):
         got = ours(query, query_labels, gallery=gallery, gallery_labels=gallery_labels)
     assert got == pytest.approx(full_metrics(refs), abs=1e-6)  # metric values are float32
 
 
 @PATHS
-def test_continuous_data_against_pytorch_metric_learning(compiled: bool) -> None:
+def test_continuous_data_against_pytorch_metric_learning(compiled: bool, kernel_calls: KernelCalls) -> None:
     from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
     g = torch.Generator().manual_seed(4)
@@ -124,14 +125,14 @@ def test_continuous_data_against_pytorch_metric_learning(compiled: bool) -> None
     theirs = AccuracyCalculator(
         include=("mean_average_precision", "mean_reciprocal_rank"), k=None, device=torch.device("cpu")
     ).get_accuracy(x, labels, x, labels, ref_includes_query=True)
-    with plan.force_compiled(compiled):
+    with kernel_calls.forced(compiled, "ranks.count_rows"):
         got = ours(x, labels, chunk_size=100)
     # pytorch-metric-learning skips lone queries too (they have no relevant reference)
     assert got["map"] == pytest.approx(theirs["mean_average_precision"], abs=1e-5)
     assert got["mrr"] == pytest.approx(theirs["mean_reciprocal_rank"], abs=1e-5)
 
 
-def test_the_two_counting_paths_agree_rank_by_rank() -> None:
+def test_the_two_counting_paths_agree_rank_by_rank(kernel_calls: KernelCalls) -> None:
     """Ranks of every relevant item, from the compiled kernels and from the torch passes, on near-ties."""
     from torchmetrics_retrieval.functional._options import RetrievalOptions
     from torchmetrics_retrieval.functional._ranks.count import relevant_ranks
@@ -144,9 +145,9 @@ def test_the_two_counting_paths_agree_rank_by_rank() -> None:
     qg = split_query_gallery(x, labels)
     n_relevant = torch.bincount(labels)[labels] - 1
     options = RetrievalOptions.create(chunk_size=64)
-    with plan.force_compiled(True):
+    with kernel_calls.forced(True, "ranks.count_rows"):
         compiled = relevant_ranks(qg, n_relevant, options)
-    with plan.force_compiled(False):
+    with kernel_calls.forced(False):
         torch_passes = relevant_ranks(qg, n_relevant, options)
     assert torch.equal(compiled, torch_passes)
     refs = reference.leave_one_out(x, labels)
@@ -155,21 +156,25 @@ def test_the_two_counting_paths_agree_rank_by_rank() -> None:
 
 
 @PATHS
-def test_query_chunks_give_the_same_ranks(compiled: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_query_chunks_give_the_same_ranks(
+    compiled: bool, monkeypatch: pytest.MonkeyPatch, kernel_calls: KernelCalls
+) -> None:
     """Queries are processed in chunks under a memory budget (no symmetric blocks then): same values."""
 
     x, labels = tied_data(90, seed=8)
     monkeypatch.setattr(ranks_plan, "BUDGET_ENTRIES", 100)  # a few queries per chunk
-    with plan.force_compiled(compiled):
+    with kernel_calls.forced(compiled, "ranks.count_rows"):
         got = ours(x, labels, chunk_size=16)
     assert got == pytest.approx(full_metrics(reference.leave_one_out(x, labels)), abs=1e-6)
 
 
-def test_rows_with_more_near_ties_than_the_buffer_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rows_with_more_near_ties_than_the_buffer_holds(
+    monkeypatch: pytest.MonkeyPatch, kernel_calls: KernelCalls
+) -> None:
     """A row's near ties beyond the kernel's buffer are listed by a second scan of the block: same values."""
     x, labels = tied_data(90, seed=9)
     monkeypatch.setattr(ranks_plan, "AMBIGUOUS_PER_ROW", 1)
-    with plan.force_compiled(True):
+    with kernel_calls.forced(True, "ranks.list_ambiguous"):  # the second scan ran
         got = ours(x, labels, chunk_size=32)
     assert got == pytest.approx(full_metrics(reference.leave_one_out(x, labels)), abs=1e-6)
 
@@ -202,7 +207,7 @@ WITHOUT_SEARCH = {
 @PATHS
 @pytest.mark.parametrize(("mode", "action"), [("min_k_n", "skip"), ("standard", "neg")])
 def test_with_full_map_every_value_comes_from_the_ranks_without_a_search(
-    compiled: bool, mode: str, action: str, monkeypatch: pytest.MonkeyPatch
+    compiled: bool, mode: str, action: str, monkeypatch: pytest.MonkeyPatch, kernel_calls: KernelCalls
 ) -> None:
     """With ``map_full`` and no per-query table the ranking values are read off the full ranks (no kNN search
     runs): the same values as the reference, on ties, duplicates, lone queries and every exclusion rule."""
@@ -224,7 +229,7 @@ def test_with_full_map_every_value_comes_from_the_ranks_without_a_search(
     )
     expected = every_ranking_metric(refs, mode, action)
     monkeypatch.setattr(_per_query, "_search", no_search)
-    with plan.force_compiled(compiled):
+    with kernel_calls.forced(compiled, "ranks.count_rows"):
         got = F.retrieval_metrics(
             x, labels, **WITHOUT_SEARCH, precision_mode=mode, empty_target_action=action, chunk_size=16, **fields
         )

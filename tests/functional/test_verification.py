@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.functional.conftest import KernelCalls
 from torchmetrics_retrieval.functional._pairs import plan as pairs_plan
 from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional.verification import det_curve, fnmr_at_fmr, fnmr_at_fmr_from_distances
@@ -85,16 +86,21 @@ def reference_fnmr(positives: np.ndarray, negatives: np.ndarray, fmrs: tuple[flo
     return [float((positives >= t).mean()) for t in thresholds]
 
 
-def check_against_reference(x: torch.Tensor, labels: torch.Tensor, *args: object, **kwargs: object) -> None:
+def check_against_reference(
+    calls: KernelCalls, x: torch.Tensor, labels: torch.Tensor, *args: object, **kwargs: object
+) -> None:
+    """Both paths against the reference: the compiled pair kernels (checked to be called) and the torch passes. A
+    custom label comparison always takes the torch passes (the kernels compare label ids): checked too."""
     distance = kwargs.get("distance", "euclidean")
     positives, negatives = reference_pairs(x, labels, *args, **kwargs)  # type: ignore[arg-type]
     expected = reference_fnmr(positives, negatives, FMRS)
     for chunk_size, compiled in ((None, True), (None, False), (1, False), (3, True)):
-        with plan.force_compiled(compiled):  # both paths: the compiled pair kernels and the torch passes
+        kernels = compiled and kwargs.get("label_comparison_fn") is None
+        with plan.force_compiled(compiled), calls.expect(kernels, "pairs.histogram"):
             got = fnmr_at_fmr(x, labels, *args, fmr_vals=FMRS, chunk_size=chunk_size, **kwargs)  # type: ignore[arg-type]
         assert [got[f"fnmr@fmr/{f}"].item() for f in FMRS] == pytest.approx(expected, abs=1e-6), compiled
         assert [got[f"tar@far/{f}"].item() for f in FMRS] == pytest.approx([1 - e for e in expected], abs=1e-6)
-        with plan.force_compiled(compiled):
+        with plan.force_compiled(compiled), calls.expect(kernels, "pairs.histogram"):
             fmr, fnmr, thresholds = det_curve(x, labels, *args, fmr_grid=FMRS, chunk_size=chunk_size, **kwargs)  # type: ignore[arg-type]
         assert fmr.tolist() == list(FMRS)
         assert fnmr.tolist() == pytest.approx(expected, abs=1e-6)
@@ -157,67 +163,67 @@ def test_given_integer_and_float64_distances() -> None:
 
 
 @pytest.mark.parametrize("distance", ["sqeuclidean", "dot"])
-def test_leave_one_out_with_ties(distance: str) -> None:
+def test_leave_one_out_with_ties(distance: str, kernel_calls: KernelCalls) -> None:
     x, labels = integer_data(23, 3, 4, seed=0)
-    check_against_reference(x, labels, distance=distance)
+    check_against_reference(kernel_calls, x, labels, distance=distance)
 
 
-def test_duplicates_and_lone_queries() -> None:
+def test_duplicates_and_lone_queries(kernel_calls: KernelCalls) -> None:
     x, labels = integer_data(20, 2, 3, seed=1)
     x[5:9] = x[4]  # exact duplicates: distance 0 to each other
     labels[19] = 99  # a lone query: all its pairs are negatives
-    check_against_reference(x, labels, distance="sqeuclidean")
+    check_against_reference(kernel_calls, x, labels, distance="sqeuclidean")
 
 
-def test_query_gallery_masks() -> None:
+def test_query_gallery_masks(kernel_calls: KernelCalls) -> None:
     x, labels = integer_data(21, 2, 3, seed=2)
     g = torch.Generator().manual_seed(3)
     is_query = torch.rand(21, generator=g) < 0.6
     is_gallery = torch.rand(21, generator=g) < 0.7
-    check_against_reference(x, labels, is_query=is_query, is_gallery=is_gallery, distance="sqeuclidean")
+    check_against_reference(kernel_calls, x, labels, is_query=is_query, is_gallery=is_gallery, distance="sqeuclidean")
 
 
-def test_separate_gallery_with_sequences_and_groups() -> None:
+def test_separate_gallery_with_sequences_and_groups(kernel_calls: KernelCalls) -> None:
     q, ql = integer_data(11, 3, 3, seed=4)
     gal, gl = integer_data(17, 3, 3, seed=5)
     g = torch.Generator().manual_seed(6)
     seq = (torch.randint(0, 4, (11,), generator=g), torch.randint(0, 4, (17,), generator=g))
     groups = (torch.randint(0, 2, (11,), generator=g), torch.randint(0, 2, (17,), generator=g))
-    check_against_reference(q, ql, gal, gl, sequence_ids=seq, search_groups=groups, distance="dot")
+    check_against_reference(kernel_calls, q, ql, gal, gl, sequence_ids=seq, search_groups=groups, distance="dot")
 
 
-def test_leave_one_out_with_sequences_and_groups() -> None:
+def test_leave_one_out_with_sequences_and_groups(kernel_calls: KernelCalls) -> None:
     x, labels = integer_data(24, 2, 4, seed=7)
     g = torch.Generator().manual_seed(8)
     seq = torch.randint(0, 6, (24,), generator=g)
     groups = torch.randint(0, 2, (24,), generator=g)
-    check_against_reference(x, labels, sequence_ids=seq, search_groups=groups, distance="sqeuclidean")
+    check_against_reference(kernel_calls, x, labels, sequence_ids=seq, search_groups=groups, distance="sqeuclidean")
 
 
-def test_two_dimensional_labels_and_custom_comparison() -> None:
+def test_two_dimensional_labels_and_custom_comparison(kernel_calls: KernelCalls) -> None:
     x, _ = integer_data(18, 2, 3, seed=9)
     g = torch.Generator().manual_seed(10)
     labels = torch.randint(0, 2, (18, 2), generator=g)
-    check_against_reference(x, labels, distance="sqeuclidean")
+    check_against_reference(kernel_calls, x, labels, distance="sqeuclidean")
 
     def first_column(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return a[..., 0] == b[..., 0]
 
-    check_against_reference(x, labels, distance="sqeuclidean", label_comparison_fn=first_column)
+    check_against_reference(kernel_calls, x, labels, distance="sqeuclidean", label_comparison_fn=first_column)
 
 
 @pytest.mark.parametrize("distance", ["euclidean", "cosine"])
-def test_random_float_data(distance: str) -> None:
+def test_random_float_data(distance: str, kernel_calls: KernelCalls) -> None:
     g = torch.Generator().manual_seed(11)
     labels = torch.randint(0, 3, (30,), generator=g)
     x = torch.randn(30, 5, generator=g) + labels[:, None].float()
-    check_against_reference(x, labels, distance=distance)
+    check_against_reference(kernel_calls, x, labels, distance=distance)
 
 
-def test_large_int_labels_are_not_cast() -> None:
+def test_large_int_labels_are_not_cast(kernel_calls: KernelCalls) -> None:
     x, small = integer_data(16, 2, 2, seed=12)
     labels = small + 2**40  # float32 would merge 2**40 and 2**40 + 1
-    check_against_reference(x, labels, distance="sqeuclidean")
+    check_against_reference(kernel_calls, x, labels, distance="sqeuclidean")
 
 
 def test_many_buckets_collapsed() -> None:
@@ -302,7 +308,7 @@ def test_errors(call: Callable[[], object], error: type, match: str) -> None:
 
 
 @pytest.mark.parametrize("distance", ["euclidean", "sqeuclidean", "cosine", "dot"])
-def test_compiled_kernels_and_torch_passes_agree_bit_for_bit(distance: str) -> None:
+def test_compiled_kernels_and_torch_passes_agree_bit_for_bit(distance: str, kernel_calls: KernelCalls) -> None:
     """Both paths compute each pair's distance by the same float32 operations and its bucket in float64."""
     g = torch.Generator().manual_seed(13)
     labels = torch.randint(0, 7, (300,), generator=g)
@@ -311,7 +317,7 @@ def test_compiled_kernels_and_torch_passes_agree_bit_for_bit(distance: str) -> N
     seq = torch.randint(0, 100, (300,), generator=g)
     results = []
     for compiled in (True, False):
-        with plan.force_compiled(compiled):
+        with kernel_calls.forced(compiled, "pairs.histogram"):
             results.append(fnmr_at_fmr(x, labels, fmr_vals=(0.0, 0.001, 0.1, 0.5), sequence_ids=seq, distance=distance))
     assert results[0].keys() == results[1].keys()
     for key in results[0]:

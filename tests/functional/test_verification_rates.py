@@ -1,7 +1,8 @@
 """``eer`` and ``min_dcf/{p}`` over every pair, against scikit-learn's ROC route and a brute-force minimum.
 
-The pairs are listed in the tests (numpy, all ordered pairs); the package never lists them. Both computing paths
-(compiled kernels, torch passes) run, with few histogram buckets too (many distances per bucket).
+The pairs are listed in the tests (numpy, all ordered pairs, every distance); the package never lists them. Both
+computing paths (compiled kernels, checked to be called, and torch passes) run, with few histogram buckets too (many
+distances per bucket).
 """
 
 from __future__ import annotations
@@ -11,19 +12,27 @@ import pytest
 import torch
 from sklearn.metrics import roc_curve
 
+from tests.functional.conftest import KernelCalls
 from torchmetrics_retrieval.functional._pairs import plan as pairs_plan
-from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional.verification import fnmr_at_fmr
 
 
 def pairs(x: torch.Tensor, labels: torch.Tensor, distance: str) -> tuple[np.ndarray, np.ndarray]:
-    """Distances and positive flags of every ordered pair (q, g), g != q, as the package computes distances."""
-    if distance == "sqeuclidean":
-        d = ((x[:, None].double() - x[None].double()) ** 2).sum(-1)
-    else:
-        d = torch.cdist(x.double(), x.double())
-    off = ~torch.eye(x.shape[0], dtype=torch.bool)
-    return d[off].numpy(), (labels[:, None] == labels[None, :])[off].numpy()
+    """Distances and positive flags of every ordered pair (q, g), g != q: docs/definitions.md's formula in float64,
+    rounded to the embeddings' float32 as the package reports distances (so that pairs at the same distance, e.g.
+    parallel integer rows under cosine, tie as they do in the package)."""
+    a = x.double().numpy()
+    gram = a @ a.T  # exact on small integers
+    if distance in ("euclidean", "sqeuclidean"):
+        squared = ((a[:, None] - a[None]) ** 2).sum(-1)
+        d = np.sqrt(squared) if distance == "euclidean" else squared
+    elif distance == "cosine":  # 1 - <q, g> / sqrt(<q, q> <g, g>): exactly 0 for parallel rows
+        d = 1.0 - gram / np.sqrt(np.outer(np.diag(gram), np.diag(gram)))
+    else:  # dot: -<q, g>
+        d = -gram
+    d = d.astype(np.float32).astype(np.float64)
+    off = ~np.eye(x.shape[0], dtype=bool)
+    return d[off], (labels[:, None] == labels[None, :]).numpy()[off]
 
 
 def sklearn_eer(d: np.ndarray, positive: np.ndarray) -> float:
@@ -45,6 +54,12 @@ CASES = [
     ("integer ties", "sqeuclidean", 0),
     ("integer ties", "sqeuclidean", 1),
     ("continuous", "euclidean", 2),
+    ("integer ties", "cosine", 3),
+    ("integer ties", "cosine", 4),
+    ("continuous", "cosine", 5),
+    ("integer ties", "dot", 6),
+    ("integer ties", "dot", 7),
+    ("continuous", "dot", 8),
 ]
 
 
@@ -53,21 +68,31 @@ def data(kind: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     labels = torch.randint(0, 5, (45,), generator=g)
     labels[:2] = torch.tensor([98, 99])  # lone queries: their pairs are all negative
     if kind == "integer ties":  # exact ties between positive and negative distances
-        return torch.randint(-2, 3, (45, 3), generator=g).float(), labels
-    return torch.randn(45, 4, generator=g) + labels[:, None].float().remainder(5) / 2, labels
+        x = torch.randint(-2, 3, (45, 3), generator=g).float()
+        x[x.abs().sum(dim=1) == 0] = 1.0  # no zero row (cosine)
+    else:
+        x = torch.randn(45, 4, generator=g) + labels[:, None].float().remainder(5) / 2
+    x[10:14] = x[9]  # exact duplicates, mostly of other labels: ties across positive and negative pairs
+    return x, labels
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled kernels", "torch passes"])
 @pytest.mark.parametrize("n_buckets", [2**16, 7])
 @pytest.mark.parametrize(("kind", "distance", "seed"), CASES)
 def test_eer_and_min_dcf_match_the_references(
-    kind: str, distance: str, seed: int, n_buckets: int, compiled: bool, monkeypatch: pytest.MonkeyPatch
+    kind: str,
+    distance: str,
+    seed: int,
+    n_buckets: int,
+    compiled: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    kernel_calls: KernelCalls,
 ) -> None:
     x, labels = data(kind, seed)
     d, positive = pairs(x, labels, distance)
     monkeypatch.setattr(pairs_plan, "N_BUCKETS", n_buckets)
     targets, costs = (0.01, 0.3, 0.5), (2.0, 0.5)
-    with plan.force_compiled(compiled):
+    with kernel_calls.forced(compiled, "pairs.histogram"):
         got = fnmr_at_fmr(
             x, labels, fmr_vals=(0.1,), eer=True, min_dcf_p_target=targets, dcf_costs=costs, distance=distance
         )
