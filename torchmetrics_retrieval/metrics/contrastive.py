@@ -143,8 +143,10 @@ class ContrastiveAccuracy(SampleAccumulator):
         if not self._sharding():
             return cast(Tensor | dict[str, Tensor], super().compute())
         from torchmetrics_retrieval.metrics._sharded.contrastive import sharded_contrastive
+        from torchmetrics_retrieval.metrics._sharded.faults import agreed
 
-        return sharded_contrastive(self, self.process_group)
+        with agreed(self.process_group, f"{type(self).__name__}.compute()"):  # a rank's failure raised on every rank
+            return sharded_contrastive(self, self.process_group)
 
     def _compute_samples(self, fields: dict[str, Tensor | None], indexes: Tensor | None) -> Tensor | dict[str, Tensor]:
         z1, z2 = cast(Tensor, fields["z1"]), cast(Tensor, fields["z2"])

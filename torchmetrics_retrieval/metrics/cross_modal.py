@@ -134,21 +134,32 @@ class CrossModalRetrieval(Metric):
             side.update(batch)
 
     def compute(self) -> dict[str, Tensor]:
-        """Both directions' metrics over every accumulated sample of every process (sharded or gathered)."""
+        """Both directions' metrics over every accumulated sample of every process (sharded or gathered).
+
+        If that raises, torchmetrics' sync of this (stateless) outer metric is undone first, as the sample
+        accumulators do: torchmetrics would leave it synced, and every later ``compute()`` would fail.
+        """
         from torchmetrics_retrieval.metrics._sharded.embedding import shardable
         from torchmetrics_retrieval.metrics._state import runs_sharded
 
-        # the pair metrics of each direction are not sharded here: they gather
-        if runs_sharded(self, self.distributed, shardable(self.options) and not self.options.needs_pairs):
-            from torchmetrics_retrieval.metrics._sharded.cross_modal import sharded_cross_modal
+        try:
+            # the pair metrics of each direction are not sharded here: they gather
+            if runs_sharded(self, self.distributed, shardable(self.options) and not self.options.needs_pairs):
+                from torchmetrics_retrieval.metrics._sharded.cross_modal import sharded_cross_modal
+                from torchmetrics_retrieval.metrics._sharded.faults import agreed
 
-            return self._keyed(sharded_cross_modal(self, self.process_group))
-        embeddings_a, ids_a = self._side_samples(self.side_a, "A")
-        embeddings_b, ids_b = self._side_samples(self.side_b, "B")
-        check_same_dimension(embeddings_a, embeddings_b)
-        stacked = torch.cat([embeddings_a, embeddings_b])  # the one copy of both sides the evaluation holds
-        del embeddings_a, embeddings_b
-        return self._keyed(stacked_cross_modal_metrics(stacked, ids_a, ids_b, self.options))
+                with agreed(self.process_group, f"{type(self).__name__}.compute()"):  # raised on every rank
+                    return self._keyed(sharded_cross_modal(self, self.process_group))
+            embeddings_a, ids_a = self._side_samples(self.side_a, "A")
+            embeddings_b, ids_b = self._side_samples(self.side_b, "B")
+            check_same_dimension(embeddings_a, embeddings_b)
+            stacked = torch.cat([embeddings_a, embeddings_b])  # the one copy of both sides the evaluation holds
+            del embeddings_a, embeddings_b
+            return self._keyed(stacked_cross_modal_metrics(stacked, ids_a, ids_b, self.options))
+        except Exception:
+            if self._is_synced and self._cache is not None:
+                self.unsync()
+            raise
 
     def _keyed(self, both: dict[str, dict[str, Tensor]]) -> dict[str, Tensor]:
         return {

@@ -187,8 +187,11 @@ class EmbeddingMetrics(SampleAccumulator):
         if not self._sharding():
             return cast(dict[str, Tensor], super().compute())
         from torchmetrics_retrieval.metrics._sharded.embedding import sharded_compute
+        from torchmetrics_retrieval.metrics._sharded.faults import agreed
 
-        metrics, self._per_query, self._sample_indexes = sharded_compute(self, self.process_group)
+        with agreed(self.process_group, f"{type(self).__name__}.compute()"):  # a rank's failure raised on every rank
+            metrics, per_query, sample_indexes = sharded_compute(self, self.process_group)
+        self._per_query, self._sample_indexes = per_query, sample_indexes
         return {f"{self.prefix}{key}": value for key, value in metrics.items()}
 
     def _compute_samples(self, fields: dict[str, Tensor | None], indexes: Tensor | None) -> dict[str, Tensor]:

@@ -195,11 +195,13 @@ class FNMRAtFMR(SampleAccumulator):
         """The values over every sample of every process (sharded or gathered, identical values)."""
         if not self._sharding():
             return cast(dict[str, Tensor], super().compute())
+        from torchmetrics_retrieval.metrics._sharded.faults import agreed
         from torchmetrics_retrieval.metrics._sharded.pairs import sharded_pair_compute
 
         request = RateRequest(self.eer, self.min_dcf_p_target, self.dcf_costs)
         options = (self.distance, self.label_comparison_fn, self.chunk_size)
-        with shown(self.progress):
+        # a rank's failure raised on every rank
+        with shown(self.progress), agreed(self.process_group, f"{type(self).__name__}.compute()"):
             return sharded_pair_compute(self, self.process_group, self.fmr_vals, request, *options, self.roc_auc)
 
     def _gathered_fields(self) -> dict[str, Tensor | None]:

@@ -3,7 +3,8 @@ single process over the whole set, bit for bit.
 
 The distributed layer sits between the metric classes and the engines, imports in one direction::
 
-    gather.py        all-gathers of per-sample rows, in as few collectives as the data allows
+    faults.py        a rank's failure known to every rank: one clear error everywhere, not a hang
+    gather.py        every collective (all-gathers of per-sample rows, all-reduces), each after a checkpoint
     global_set.py    the de-duplicated global set every rank builds from the gathered small fields
                      (ShardedSet: the problem over the global set, this rank's rows, who holds what)
     rounds.py        the ONE visiting-rounds driver: every rank's next block of queries visits every rank
@@ -11,7 +12,8 @@ The distributed layer sits between the metric classes and the engines, imports i
     ranks.py         full-ranking ranks: thresholds and counts of each shard, summed
     tiles.py         the engines' one tile schedule shared out over the ranks: each tile computed by one rank
     pairs.py         FNMR@FMR, EER, minDCF (the ``_pairs`` passes on this rank's tiles, totals summed)
-    auc.py           ROC AUC (the ``_pairs.auc`` placement on this rank's tiles, counts summed)
+    auc.py           ROC AUC (positives listed in the visiting rounds, the ``_pairs.auc`` placement of the
+                     negatives on this rank's tiles, counts summed)
     embedding.py     EmbeddingMetrics: the search and counts injected into the engines' per-query code
     contrastive.py   ContrastiveAccuracy, in visiting rounds
     cross_modal.py   CrossModalRetrieval: each direction as a sharded ranking

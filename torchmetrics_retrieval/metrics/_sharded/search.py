@@ -40,7 +40,8 @@ from torchmetrics_retrieval.functional._search.problem import make_problem
 from torchmetrics_retrieval.functional._search.rounds import Search
 from torchmetrics_retrieval.functional._search.types import KNNResult, consecutive_start
 from torchmetrics_retrieval.functional._sets import QueryGallery
-from torchmetrics_retrieval.metrics._sharded.gather import gather
+from torchmetrics_retrieval.metrics._sharded.faults import broken, checkpoint, communicating
+from torchmetrics_retrieval.metrics._sharded.gather import all_reduce, gather
 from torchmetrics_retrieval.metrics._sharded.global_set import ShardedSet, restrict_gallery
 from torchmetrics_retrieval.metrics._sharded.rounds import visiting_rounds
 
@@ -127,15 +128,21 @@ def _peer(group: Any, rank: int) -> int:
 
 def _post(send: list[Tensor], to: int, receive: list[Tensor], source: int, group: Any, tag: int) -> list[Any]:
     """Start sending ``send`` to rank ``to`` and receiving ``receive`` (filled in place) from ``source``, as one
-    batch (NCCL runs a batch's sends and receives together: two ranks sending to each other cannot deadlock)."""
+    batch (NCCL runs a batch's sends and receives together: two ranks sending to each other cannot deadlock).
+
+    Callers post only right after a checkpoint that every rank passed (``faults.checkpoint``), with nothing that
+    can fail in between: every message posted is then matched by its peer, and can be waited for on an error."""
     ops = [dist.P2POp(dist.isend, t, _peer(group, to), group, tag) for t in send if t.numel()]
     ops += [dist.P2POp(dist.irecv, t, _peer(group, source), group, tag) for t in receive if t.numel()]
-    return dist.batch_isend_irecv(ops) if ops else []
+    with communicating():
+        return dist.batch_isend_irecv(ops) if ops else []
 
 
 def _wait(works: list[Any]) -> None:
-    for work in works:
-        work.wait()
+    """Wait for posted messages (an error here is the communication's: no checkpoint follows it)."""
+    with communicating():
+        for work in works:
+            work.wait()
 
 
 def _blocks(n: int) -> list[slice]:
@@ -234,45 +241,62 @@ def _visit(
     """One round: the rows ``sent`` (embeddings, caps) go to ``peers[1]`` while the samples ``visiting`` (global
     rows) of rank ``peers[0]`` arrive block by block with their caps, the next block on its way while one is
     searched against ``searched`` (global rows, embeddings, caps) in a bipartite pass. Returns the candidates
-    of the searched rows among the visitors (None: no pass), and those of the visitors among the searched rows."""
+    of the searched rows among the visitors (None: no pass), and those of the visitors among the searched rows.
+
+    Every rank runs the same number of steps (the most any rank needs: one all-reduce), each with a checkpoint
+    before its wait: a rank whose search failed is known to its peers there instead of in a receive that never
+    completes, and a rank waits only for blocks posted after a checkpoint every rank passed. On an error the
+    blocks in flight are received before it is raised: none is left to be matched by a later round or call."""
     rows, (source, sink) = searched[0], peers
     embeddings, caps = sent
     outgoing = [[embeddings[b], caps[b]] for b in _blocks(embeddings.shape[0])]
     blocks = [visiting[b] for b in _blocks(visiting.numel())]
-    steps = max(len(outgoing), len(blocks))
 
-    def post(i: int) -> tuple[tuple[Tensor, Tensor] | None, list[Any]]:
+    def arriving(i: int) -> tuple[Tensor, Tensor] | None:
+        """Room for step ``i``'s block in (None when none comes): made before the checkpoint, as it may fail."""
+        if i >= len(blocks):
+            return None
+        return embeddings.new_empty((blocks[i].numel(), embeddings.shape[1])), caps.new_empty(blocks[i].numel())
+
+    def post(i: int, block: tuple[Tensor, Tensor] | None) -> list[Any]:
         """Step ``i``'s block out and block in (each when there is one)."""
         send = outgoing[i] if i < len(outgoing) else []
-        if i >= len(blocks):
-            return None, _post(send, sink, [], source, group, _EMBEDDINGS)
-        block = (embeddings.new_empty((blocks[i].numel(), embeddings.shape[1])), caps.new_empty(blocks[i].numel()))
-        return block, _post(send, sink, list(block), source, group, _EMBEDDINGS)
+        return _post(send, sink, [] if block is None else list(block), source, group, _EMBEDDINGS)
 
+    incoming = arriving(0)
+    needed = torch.tensor([max(len(outgoing), len(blocks))], device=embeddings.device)
+    steps = int(all_reduce(needed, group, dist.ReduceOp.MAX))
     ours: Found | None = None
     theirs: list[Found] = []
-    pending = post(0) if steps else (None, [])
-    for i in range(steps):
-        block, works = pending
-        _wait(works)
-        pending = post(i + 1) if i + 1 < steps else (None, [])  # the next block travels during this search
-        if block is None:
-            continue
-        if not rows.numel():
-            theirs.append(_empty(blocks[i].numel(), k, embeddings))
-            continue
-        found_ours, found_theirs = _bipartite_blocks(qg, searched, (blocks[i], *block), options, k)
-        ours = found_ours if ours is None else _merge_two(ours, found_ours, k)
-        theirs.append(found_theirs)
+    works = post(0, incoming) if steps else []
+    try:
+        for i in range(steps):
+            block, incoming = incoming, arriving(i + 1)
+            checkpoint(group)
+            _wait(works)
+            works = post(i + 1, incoming) if i + 1 < steps else []  # the next block travels during this search
+            if block is None:
+                continue
+            if not rows.numel():
+                theirs.append(_empty(blocks[i].numel(), k, embeddings))
+                continue
+            found_ours, found_theirs = _bipartite_blocks(qg, searched, (blocks[i], *block), options, k)
+            ours = found_ours if ours is None else _merge_two(ours, found_ours, k)
+            theirs.append(found_theirs)
+    except Exception as error:
+        if not broken(error):
+            _wait(works)  # the peers posted them (after the last checkpoint): received, they match nothing later
+        raise
     return ours, _joined(theirs, dim=0) if theirs else _empty(0, k, embeddings)
 
 
 def _swap_candidates(visitors: Found, peers: tuple[int, int], n_back: int, k: int, group: Any) -> Found:
     """Send the visitors' candidates home to ``peers[0]`` and receive, from ``peers[1]``, those of the
-    ``n_back`` rows this rank sent there."""
+    ``n_back`` rows this rank sent there (after a checkpoint: a rank whose search failed is known here)."""
     back = _empty(n_back, k, visitors[0])
     back_valid = back[2].to(torch.uint8)  # gloo sends no bool tensors
     outgoing = [visitors[0], visitors[1], visitors[2].to(torch.uint8)]
+    checkpoint(group)
     _wait(_post(outgoing, peers[0], [back[0], back[1], back_valid], peers[1], group, _CANDIDATES))
     return back[0], back[1], back_valid.bool()
 
