@@ -20,6 +20,8 @@ import numba
 import numpy as np
 from numba import prange
 
+from torchmetrics_retrieval.functional._search.float_order import ordered_key
+
 pjit = numba.njit(cache=True, nogil=True, parallel=True)
 inline = numba.njit(cache=True, nogil=True, inline="always")
 
@@ -67,10 +69,7 @@ def _row_slots(
         slots[c] = np.int32(-1) if (c == self_col) | ~row_mask[c] else np.int32(slot)
 
 
-@inline
-def _ordered_key(bits):
-    """The order-preserving integer of a float32's bits (``windows.ordered_keys``)."""
-    return np.int64(bits) if bits >= 0 else -np.int64(bits & 0x7FFFFFFF) - 1
+_ordered_key = inline(ordered_key)
 
 
 @pjit
@@ -104,25 +103,33 @@ def histogram(keys, form, col0, own, mask, row_ids, col_ids, weight, buckets, hi
                     positive = np.int64(s >= n_buckets)
                     at = delta[s - n_buckets * positive - first]
                     if at != _UNTRACKED:
-                        at += 2 * _ordered_key(bits[c]) + positive
+                        at += 2 * _ordered_key(np.int64(bits[c])) + positive
                         if 0 <= at < size:  # else a value beyond its window: the caller's check sees it
                             fine[t, at] += weight
                 hist[t, s] += weight
 
 
+@inline
+def _row_slots_alone(keys, form, col0, own, mask, row_ids, col_ids, buckets, n_buckets, r):
+    """Row r's ``(slots, values)`` by ``_row_slots`` outside any window, in new arrays: the one start of
+    ``count_wanted`` and ``list_wanted``, which must read a row's slots alike."""
+    scale, offsets, mode = form
+    low, bucket_scale = buckets
+    slots = np.empty(keys.shape[1], dtype=np.int32)
+    values = np.empty(keys.shape[1], dtype=np.float32)
+    _row_slots(
+        keys, r, scale, offsets[r], mode, own[r] - col0, mask, row_ids[r], col_ids, low, bucket_scale,
+        n_buckets, _NO_SPAN, slots, values,
+    )  # fmt: skip
+    return slots, values
+
+
 @pjit
 def count_wanted(keys, form, col0, own, mask, row_ids, col_ids, buckets, wanted, counts):
     """Per row, the number of pairs whose (bucket, sign) is ``wanted`` (``(2 n_buckets,)``, as ``hist``)."""
-    scale, offsets, mode = form
-    low, bucket_scale = buckets
     n_buckets = wanted.shape[0] // 2
     for r in prange(keys.shape[0]):
-        slots = np.empty(keys.shape[1], dtype=np.int32)
-        values = np.empty(keys.shape[1], dtype=np.float32)
-        _row_slots(
-            keys, r, scale, offsets[r], mode, own[r] - col0, mask, row_ids[r], col_ids, low, bucket_scale,
-            n_buckets, _NO_SPAN, slots, values,
-        )  # fmt: skip
+        slots, _ = _row_slots_alone(keys, form, col0, own, mask, row_ids, col_ids, buckets, n_buckets, r)
         found = 0
         for c in range(keys.shape[1]):
             found += int(slots[c] >= 0 and wanted[slots[c]])
@@ -132,18 +139,11 @@ def count_wanted(keys, form, col0, own, mask, row_ids, col_ids, buckets, wanted,
 @pjit
 def list_wanted(keys, form, col0, own, mask, row_ids, col_ids, buckets, wanted, offsets, out_d, out_p):
     """The distances and signs of the wanted pairs, row r's from ``offsets[r]`` (``count_wanted``'s counts)."""
-    scale, row_offsets, mode = form
-    low, bucket_scale = buckets
     n_buckets = wanted.shape[0] // 2
     for r in prange(keys.shape[0]):
         if offsets[r + 1] == offsets[r]:
             continue
-        slots = np.empty(keys.shape[1], dtype=np.int32)
-        values = np.empty(keys.shape[1], dtype=np.float32)
-        _row_slots(
-            keys, r, scale, row_offsets[r], mode, own[r] - col0, mask, row_ids[r], col_ids, low, bucket_scale,
-            n_buckets, _NO_SPAN, slots, values,
-        )  # fmt: skip
+        slots, values = _row_slots_alone(keys, form, col0, own, mask, row_ids, col_ids, buckets, n_buckets, r)
         at = offsets[r]
         for c in range(keys.shape[1]):
             if slots[c] >= 0 and wanted[slots[c]]:

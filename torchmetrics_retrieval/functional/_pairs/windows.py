@@ -26,6 +26,7 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional._pairs import plan as pairs_plan
 from torchmetrics_retrieval.functional._pairs.rates import Counted, RateRequest, _weights
+from torchmetrics_retrieval.functional._search.float_order import ordered_key
 
 __all__ = ["Sample", "Windows", "from_keys", "likely_buckets", "ordered_keys"]
 
@@ -44,24 +45,21 @@ class Sample(NamedTuple):
 
 
 def ordered_keys(values: np.ndarray) -> np.ndarray:
-    """int64 keys of float32 values, in the same order as the values (the kernels' ``_ordered_key``): the bits
-    of a non-negative float, the negated magnitude bits less one of a negative one (so -0.0 comes just before
-    +0.0; the kernels turn -0.0 into +0.0 first).
+    """int64 keys of float32 values, in the same order as the values (``float_order.ordered_key``, as the kernels
+    compute them; -0.0 and +0.0 share a key).
 
     Example:
         >>> ordered_keys(np.array([-1.0, -0.0, 0.0, 1e-45, 1.0], dtype=np.float32)).tolist()
-        [-1065353217, -1, 0, 1, 1065353216]
-        >>> from_keys(np.array([-1065353217, 1065353216])).tolist()
+        [-1065353216, 0, 0, 1, 1065353216]
+        >>> from_keys(np.array([-1065353216, 1065353216])).tolist()
         [-1.0, 1.0]
     """
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.int32).astype(np.int64)
-    return np.where(bits >= 0, bits, -(bits & 0x7FFFFFFF) - 1)
+    return ordered_key(np.ascontiguousarray(values, dtype=np.float32).view(np.int32).astype(np.int64))
 
 
 def from_keys(keys: np.ndarray) -> np.ndarray:
     """The float32 values of :func:`ordered_keys`' keys."""
-    bits = np.where(keys >= 0, keys, (-keys - 1) | 0x80000000)
-    return bits.astype(np.uint32).view(np.float32)
+    return ordered_key(np.asarray(keys, dtype=np.int64)).astype(np.int32).view(np.float32)
 
 
 class _Shares(NamedTuple):

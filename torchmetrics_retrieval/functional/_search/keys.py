@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._precision import ieee_sqrt
+from torchmetrics_retrieval.functional._search.float_order import ordered_key
 
 #: Float64 temporaries of :func:`stage_rows` (one block of rows at a time).
 _STAGE_BLOCK_BYTES = 32 * 2**20
@@ -218,5 +219,4 @@ def order_key(distances: Tensor, positions: Tensor) -> Tensor:
     """Int64 keys that sort like (distance, position): the float32 bits of the distance, mapped to a signed
     integer monotone in the float value (+inf last, -0.0 equal to +0.0), above the position (< 2**31)."""
     bits = distances.to(torch.float32).contiguous().view(torch.int32).to(torch.int64)
-    ordered = torch.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
-    return ordered * 2**32 + positions
+    return ordered_key(bits) * 2**32 + positions

@@ -13,9 +13,12 @@ import numba
 import numpy as np
 from numba import prange
 
+from torchmetrics_retrieval.functional._search.float_order import ordered_key
+
 jit = numba.njit(cache=True, nogil=True)
 #: Kernels parallel over rows (``prange``): the callers set numba's thread count from torch's (``buffer.threads``).
 pjit = numba.njit(cache=True, nogil=True, parallel=True)
+_ordered_key = numba.njit(cache=True, nogil=True, inline="always")(ordered_key)
 #: Rows of at most this many codes are sorted by insertion (:func:`radix_sort`, :func:`finish_rows`).
 SHORT_ROW = 64
 
@@ -23,15 +26,12 @@ SHORT_ROW = 64
 @jit
 def encode(bits, item):
     # (float32 key bits, position < 2**31) -> a non-negative int64 code ordered like (key, position)
-    bits = np.int64(bits)
-    ordered = bits if bits >= 0 else -(bits & 0x7FFFFFFF)  # monotone in the float value (-0.0 -> +0.0)
-    return ((ordered + 2**31) << 31) + item
+    return ((_ordered_key(np.int64(bits)) + 2**31) << 31) + item
 
 
 @jit
 def decode(code):
-    ordered = (code >> 31) - 2**31
-    return np.int32(ordered if ordered >= 0 else (-ordered) | -0x80000000), code & 0x7FFFFFFF
+    return np.int32(_ordered_key((code >> 31) - 2**31)), code & 0x7FFFFFFF
 
 
 @jit
