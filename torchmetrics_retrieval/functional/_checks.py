@@ -145,12 +145,20 @@ def check_labels(name: str, value: Any, n_rows: int | None, rows_name: str = "")
 
 def check_mask(name: str, value: Any, n_rows: int, rows_name: str) -> Tensor:
     """A 1-D bool tensor with one entry per row."""
+    return _check_typed_rows(name, value, torch.bool, "a bool torch.Tensor of shape (N,)", "1-D", n_rows, rows_name)
+
+
+def _check_typed_rows(
+    name: str, value: Any, dtype: torch.dtype, expected: str, one_d: str, n_rows: int, rows_name: str
+) -> Tensor:
+    """A 1-D tensor of exactly ``dtype`` with ``n_rows`` entries, checked in this order: a tensor (``expected``
+    names what it must be), its dtype, 1-D (worded ``one_d``), its length."""
     if not isinstance(value, Tensor):
-        raise TypeError(f"`{name}` must be a bool torch.Tensor of shape (N,), got {describe(value)}.")
-    if value.dtype != torch.bool:
-        raise TypeError(f"`{name}` must have dtype torch.bool, got {describe(value)}.")
+        raise TypeError(f"`{name}` must be {expected}, got {describe(value)}.")
+    if value.dtype != dtype:
+        raise TypeError(f"`{name}` must have dtype {dtype}, got {describe(value)}.")
     if value.ndim != 1:
-        raise ValueError(f"`{name}` must be 1-D, got {describe(value)}.")
+        raise ValueError(f"`{name}` must be {one_d}, got {describe(value)}.")
     check_same_length(name, value, n_rows, rows_name)
     return value
 
@@ -233,13 +241,9 @@ def check_counts(name: str, value: Any, n_rows: int, rows_name: str) -> Tensor:
 def check_self_index(name: str, value: Any, n_query: int, n_gallery: int, rows_name: str = "query") -> Tensor:
     """Gallery position of each query, -1 when it is not in the gallery: a 1-D int64 tensor with ``n_query``
     entries in ``[-1, n_gallery)`` (one min/max pass)."""
-    if not isinstance(value, Tensor):
-        raise TypeError(f"`{name}` must be an int64 tensor of shape (Q,), got {describe(value)}.")
-    if value.dtype != torch.int64:
-        raise TypeError(f"`{name}` must have dtype torch.int64, got {describe(value)}.")
-    if value.ndim != 1:
-        raise ValueError(f"`{name}` must be 1-D of shape (Q,), got {describe(value)}.")
-    check_same_length(name, value, n_query, rows_name)
+    value = _check_typed_rows(
+        name, value, torch.int64, "an int64 tensor of shape (Q,)", "1-D of shape (Q,)", n_query, rows_name
+    )
     if value.numel() and (int(value.min()) < -1 or int(value.max()) >= n_gallery):
         raise ValueError(
             f"`{name}` must hold gallery positions in [0, {n_gallery}) or -1, "

@@ -194,21 +194,9 @@ def _extra_metrics(
     """
     metrics: dict[str, Tensor] = {}
     if options.needs_pairs:
-        from torchmetrics_retrieval.functional._pairs.rates import RateRequest
-        from torchmetrics_retrieval.functional.verification import pair_metrics
+        from torchmetrics_retrieval.functional.verification import PairRequest, pair_metrics
 
-        request = RateRequest(options.eer, options.min_dcf_p_target, options.dcf_costs)
-        metrics.update(
-            pair_metrics(
-                qg,
-                options.fmr_vals,
-                request,
-                options.distance,
-                options.label_comparison_fn,
-                options.chunk_size,
-                options.roc_auc,
-            )
-        )
+        metrics.update(pair_metrics(qg, PairRequest.of(options)))
     if options.pcf_variance:
         from torchmetrics_retrieval.functional.topology import pcf
 

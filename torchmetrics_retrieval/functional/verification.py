@@ -18,7 +18,7 @@ near the thresholds.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -47,6 +47,9 @@ from torchmetrics_retrieval.functional._search.keys import largest_norm
 from torchmetrics_retrieval.functional._search.types import DISTANCES, Distance
 from torchmetrics_retrieval.functional._sets import PairedIds, QueryGallery, split_query_gallery
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
+
+if TYPE_CHECKING:
+    from torchmetrics_retrieval.functional._options import RetrievalOptions
 
 __all__ = ["DEFAULT_FMR_GRID", "det_curve", "fnmr_at_fmr", "fnmr_at_fmr_from_distances"]
 
@@ -147,23 +150,41 @@ def pair_curve(
     return curve(PairPasses(qg, distance, label_comparison_fn, chunk_size), buckets, fractions, qg.query.device)
 
 
-def pair_metrics(
-    qg: QueryGallery,
-    fmr_vals: tuple[float, ...],
-    request: RateRequest,
-    distance: str,
-    label_comparison_fn: LabelComparisonFn | None,
-    chunk_size: int | None,
-    roc_auc: bool = False,
-) -> dict[str, Tensor]:
+class PairRequest(NamedTuple):
+    """The pair metrics asked for (``fmr_vals``, the ``rates``, ``roc_auc``) and the rules of the pairs: what
+    :func:`pair_metrics` and its sharded twin (``metrics._sharded.pairs``) take, built from a
+    :class:`RetrievalOptions` in one place (:meth:`of`)."""
+
+    fmr_vals: tuple[float, ...]
+    rates: RateRequest
+    distance: str
+    label_comparison_fn: LabelComparisonFn | None
+    chunk_size: int | None
+    roc_auc: bool = False
+
+    @classmethod
+    def of(cls, options: RetrievalOptions) -> PairRequest:
+        """The pair metrics that ``options`` ask for."""
+        rates = RateRequest(options.eer, options.min_dcf_p_target, options.dcf_costs)
+        rules = (options.distance, options.label_comparison_fn, options.chunk_size)
+        return cls(options.fmr_vals, rates, *rules, options.roc_auc)
+
+    @property
+    def needs_statistics(self) -> bool:
+        """Whether a value comes from the statistics passes (every metric but ``roc_auc``)."""
+        return bool(self.fmr_vals or self.rates.eer or self.rates.p_targets)
+
+
+def pair_metrics(qg: QueryGallery, request: PairRequest) -> dict[str, Tensor]:
     """``fnmr@fmr/{f}``, ``tar@far/{f}``, ``eer`` and ``min_dcf/{p}`` (float32, 0-dim) of a checked problem, from
     the same passes over every pair; ``roc_auc`` from its own pass (``functional._pairs.auc``), with the positive pairs'
     distances the first passes listed, if they did."""
+    fmr_vals, rates, distance, label_comparison_fn, chunk_size, roc_auc = request
     out: dict[str, Tensor] = {}
     listed = None
-    if fmr_vals or request.eer or request.p_targets:
+    if request.needs_statistics:
         source = PairPasses(qg, distance, label_comparison_fn, chunk_size)
-        found = _pair_statistics(qg, fmr_vals, request, distance, label_comparison_fn, chunk_size, source)
+        found = _pair_statistics(qg, fmr_vals, rates, distance, label_comparison_fn, chunk_size, source)
         out.update(statistics_keys(found, fmr_vals))
         listed = source.listed_positives
     if roc_auc:
@@ -327,7 +348,7 @@ def fnmr_at_fmr(
         label_comparison_fn,
         chunk_size,
     )
-    return pair_metrics(qg, fractions, request, distance, label_comparison_fn, chunk_size, with_auc)
+    return pair_metrics(qg, PairRequest(fractions, request, distance, label_comparison_fn, chunk_size, with_auc))
 
 
 def det_curve(

@@ -126,19 +126,8 @@ def calc_map(
 
     .. math:: \mathrm{map}@k = \frac{1}{n_k} \sum_{i \le k} \frac{n_i}{i} g_i, \qquad n_i = \sum_{j \le i} g_j
 
-    and 0 when :math:`n_k = 0`; ``n_gts`` only matters for an empty list (1 if ``n = 0``, else 0).
-
-    Args:
-        gt_tops: Q 1-D bool tensors (ragged), relevance of the retrieved items, nearest first.
-        n_gts: Q ints, the number of relevant items of each query.
-        top_k: cutoffs ``k >= 1`` (a non-empty tuple).
-        verbose: ignored.
-
-    Returns:
-        One ``(Q,)`` float32 tensor per cutoff.
-
-    Raises:
-        ValueError: as :func:`calc_cmc`.
+    and 0 when :math:`n_k = 0`; ``n_gts`` only matters for an empty list (1 if ``n = 0``, else 0). Arguments,
+    result and errors as :func:`calc_precision`'s.
 
     Example:
         >>> gt_tops = [torch.tensor([1, 0]).bool(), torch.tensor([0, 1]).bool(),

@@ -26,8 +26,9 @@ the covariance in float64 (faiss' ``PCAMatrix`` in pytorch-metric-learning; the 
 sign, which leaves every distance unchanged).
 
 Layout (private modules, as pytorch-metric-learning's ``testers`` package): ``_preprocess`` (label ranks and
-levels, standardisation, PCA), ``_base`` (``BaseTester``), ``_global`` (``GlobalEmbeddingSpaceTester``,
-``GlobalTwoStreamEmbeddingSpaceTester``), ``_same_parent`` (``WithSameParentLabelTester``).
+levels, standardisation, PCA, the sets of one search), ``_base`` (``BaseTester``), ``_global``
+(``GlobalEmbeddingSpaceTester``, ``GlobalTwoStreamEmbeddingSpaceTester``), ``_same_parent``
+(``WithSameParentLabelTester``).
 """
 
 from torchmetrics_retrieval.compat.testers._base import BaseTester

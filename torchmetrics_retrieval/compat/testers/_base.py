@@ -12,9 +12,11 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.compat.pml import AccuracyCalculator
+from torchmetrics_retrieval.compat.testers._names import TesterNames
 from torchmetrics_retrieval.compat.testers._preprocess import (
     LabelLevel,
     LabelRanks,
+    QueryAndReference,
     SplitsToEval,
     as_numpy,
     check_level,
@@ -29,7 +31,7 @@ __all__ = ["BaseTester"]
 LOGGER = logging.getLogger(__name__)
 
 
-class BaseTester:
+class BaseTester(TesterNames):
     """Shared machinery of the testers (pytorch-metric-learning's ``BaseTester``).
 
     Args:
@@ -141,15 +143,31 @@ class BaseTester:
         self, dataloader: torch.utils.data.DataLoader, trunk_model: torch.nn.Module, embedder_model: torch.nn.Module
     ) -> tuple[Tensor, Tensor]:
         """Embeddings ``(N, D)`` and 2-D labels ``(N, levels)`` of every batch, in order."""
-        embeddings, labels = [], []
+        embeddings, labels = self._embed_batches(dataloader, trunk_model, embedder_model)
+        return embeddings, labels
+
+    def _inputs_and_label(self, batch: Any) -> tuple[tuple[Any, ...], Any]:
+        """The inputs to embed and the labels of one batch: here ``data_and_label_getter``'s pair (the two-stream
+        tester embeds two inputs per sample)."""
+        data, label = self.data_and_label_getter(batch)
+        return (data,), label
+
+    def _embed_batches(
+        self, dataloader: torch.utils.data.DataLoader, trunk_model: torch.nn.Module, embedder_model: torch.nn.Module
+    ) -> list[Tensor]:
+        """Every input of ``_inputs_and_label`` embedded, then the 2-D labels, each concatenated over the batches
+        in order: the one loop of ``compute_all_embeddings``, whatever the number of inputs per sample."""
+        batches: list[list[Tensor]] = []
         with torch.no_grad():
             for batch in dataloader:
-                data, label = self.data_and_label_getter(batch)
-                embeddings.append(self.get_embeddings_for_eval(trunk_model, embedder_model, data).to(self.data_device))
-                labels.append(self.process_labels(label).to(self.data_device))
-        if not embeddings:
+                inputs, label = self._inputs_and_label(batch)
+                parts = [
+                    self.get_embeddings_for_eval(trunk_model, embedder_model, x).to(self.data_device) for x in inputs
+                ]
+                batches.append([*parts, self.process_labels(label).to(self.data_device)])
+        if not batches:
             raise ValueError("`dataset` must not be empty.")
-        return torch.cat(embeddings), torch.cat(labels)
+        return [torch.cat(column) for column in zip(*batches, strict=True)]
 
     def _dataloader(self, dataset: Any, collate_fn: Callable[..., Any] | None) -> torch.utils.data.DataLoader:
         return torch.utils.data.DataLoader(
@@ -176,13 +194,17 @@ class BaseTester:
         if eval:
             trunk_model.eval()
             embedder_model.eval()
-        embeddings, labels = self.compute_all_embeddings(
-            self._dataloader(dataset, collate_fn), trunk_model, embedder_model
-        )
-        embeddings = self.maybe_normalize(embeddings)
+        computed = self.compute_all_embeddings(self._dataloader(dataset, collate_fn), trunk_model, embedder_model)
+        embeddings, labels = self._finished_embeddings(computed)
         if return_as_numpy:
             return embeddings.cpu().numpy(), labels.cpu().numpy()
         return embeddings, labels
+
+    def _finished_embeddings(self, computed: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
+        """``(embeddings, labels)`` from ``compute_all_embeddings``' result: the embeddings after PCA /
+        normalisation (the two-stream tester joins its anchors and positives here)."""
+        embeddings, labels = computed
+        return self.maybe_normalize(embeddings), labels
 
     def get_all_embeddings_for_all_splits(
         self,
@@ -210,35 +232,6 @@ class BaseTester:
                 self.visualizer_hook(
                     self.visualizer, reduced, labels[:, level].cpu().numpy(), split_name, keyname, epoch
                 )
-
-    # --- names --------------------------------------------------------------------------------------------------------
-
-    def label_hierarchy_level_to_str(self, label_hierarchy_level: LabelLevel) -> str:
-        """``2`` -> ``"2"``, ``[0, 1]`` -> ``"0_1"``."""
-        if isinstance(label_hierarchy_level, (list, tuple)):
-            return "_".join(str(x) for x in label_hierarchy_level)
-        return str(label_hierarchy_level)
-
-    def accuracies_keyname(self, metric: str, label_hierarchy_level: LabelLevel = 0, average: bool = False) -> str:
-        """``f"{metric}_level{L}"``, or ``f"AVERAGE_{metric}"``."""
-        if average:
-            return f"AVERAGE_{metric}"
-        several = label_hierarchy_level == "all" or isinstance(label_hierarchy_level, (list, tuple))
-        if several and len(self.label_levels) == 1:
-            label_hierarchy_level = self.label_levels[0]
-        return f"{metric}_level{self.label_hierarchy_level_to_str(label_hierarchy_level)}"
-
-    def description_suffixes(self, base_name: str) -> str:
-        """A name describing this tester's settings (pytorch-metric-learning's record naming)."""
-        if self.pca:
-            base_name += f"_pca{self.pca}"
-        if self.normalize_embeddings:
-            base_name += "_normalized"
-        if self.use_trunk_output:
-            base_name += "_trunk"
-        base_name += f"_{self.__class__.__name__}_level_{self.label_hierarchy_level_to_str(self.label_hierarchy_level)}"
-        description = self.accuracy_calculator.description()
-        return f"{base_name}_{description}" if description else base_name
 
     # --- splits and levels --------------------------------------------------------------------------------------------
 
@@ -330,7 +323,26 @@ class BaseTester:
         query_split_name: str,
         reference_split_names: Sequence[str],
     ) -> None:
-        """Fill ``accuracies`` for one query split (implemented by the subclasses)."""
+        """Fill ``accuracies`` for one query split: the accuracies of every evaluated label level
+        (``_level_accuracies``, implemented by the subclasses), and their averages when there are several."""
+        sets = QueryAndReference(
+            *self.set_reference_and_query(embeddings_and_labels, query_split_name, reference_split_names),
+            self.ref_includes_query(query_split_name, reference_split_names),
+        )
+        self.label_levels = self._levels_of(sets.query_labels)
+        for level in self.label_levels:
+            self._record(accuracies, self._level_accuracies(sets, level), level)
+        if len(self.label_levels) > 1:
+            self.calculate_average_accuracies(
+                accuracies, self.accuracy_calculator.get_curr_metrics(), self.label_levels
+            )
+
+    def _levels_of(self, query_labels: Tensor) -> Sequence[int]:
+        """The label levels evaluated for these query labels."""
+        return self.label_levels_to_evaluate(query_labels)
+
+    def _level_accuracies(self, sets: QueryAndReference, level: int) -> dict[str, Any]:
+        """``{metric: value}`` of one label level (implemented by the subclasses)."""
         raise NotImplementedError
 
     def test(

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.compat.testers._base import BaseTester
+from torchmetrics_retrieval.compat.testers._preprocess import QueryAndReference
 
 __all__ = ["GlobalEmbeddingSpaceTester", "GlobalTwoStreamEmbeddingSpaceTester"]
 
@@ -30,27 +31,12 @@ class GlobalEmbeddingSpaceTester(BaseTester):
         {'val': {'epoch': 0, 'precision_at_1_level0': 0.6}}
     """
 
-    def do_knn_and_accuracies(
-        self,
-        accuracies: dict[str, Any],
-        embeddings_and_labels: dict[str, tuple[Tensor, Tensor]],
-        query_split_name: str,
-        reference_split_names: Sequence[str],
-    ) -> None:
-        query, query_labels, reference, reference_labels = self.set_reference_and_query(
-            embeddings_and_labels, query_split_name, reference_split_names
+    def _level_accuracies(self, sets: QueryAndReference, level: int) -> dict[str, Any]:
+        """The calculator's accuracies of every query against the whole reference set at this level."""
+        query, query_labels, reference, reference_labels, includes = sets
+        return self.accuracy_calculator.get_accuracy(
+            query, query_labels[:, level], reference, reference_labels[:, level], includes
         )
-        self.label_levels = self.label_levels_to_evaluate(query_labels)
-        includes = self.ref_includes_query(query_split_name, reference_split_names)
-        for level in self.label_levels:
-            values = self.accuracy_calculator.get_accuracy(
-                query, query_labels[:, level], reference, reference_labels[:, level], includes
-            )
-            self._record(accuracies, values, level)
-        if len(self.label_levels) > 1:
-            self.calculate_average_accuracies(
-                accuracies, self.accuracy_calculator.get_curr_metrics(), self.label_levels
-            )
 
 
 class GlobalTwoStreamEmbeddingSpaceTester(GlobalEmbeddingSpaceTester):
@@ -64,41 +50,18 @@ class GlobalTwoStreamEmbeddingSpaceTester(GlobalEmbeddingSpaceTester):
         self, dataloader: torch.utils.data.DataLoader, trunk_model: torch.nn.Module, embedder_model: torch.nn.Module
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Anchor embeddings, positive embeddings and 2-D labels of every batch."""
-        anchors, positives, labels = [], [], []
-        with torch.no_grad():
-            for batch in dataloader:
-                anchor, positive, label = self.data_and_label_getter(batch)
-                anchors.append(self.get_embeddings_for_eval(trunk_model, embedder_model, anchor).to(self.data_device))
-                positives.append(
-                    self.get_embeddings_for_eval(trunk_model, embedder_model, positive).to(self.data_device)
-                )
-                labels.append(self.process_labels(label).to(self.data_device))
-        if not anchors:
-            raise ValueError("`dataset` must not be empty.")
-        return torch.cat(anchors), torch.cat(positives), torch.cat(labels)
+        anchors, positives, labels = self._embed_batches(dataloader, trunk_model, embedder_model)
+        return anchors, positives, labels
 
-    def get_all_embeddings(
-        self,
-        dataset: Any,
-        trunk_model: torch.nn.Module,
-        embedder_model: torch.nn.Module | None = None,
-        collate_fn: Callable[..., Any] | None = None,
-        eval: bool = True,
-        return_as_numpy: bool = False,
-    ) -> tuple[Any, Any]:
+    def _inputs_and_label(self, batch: Any) -> tuple[tuple[Any, ...], Any]:
+        """A batch is ``(anchor, positive, label)``: two inputs to embed."""
+        anchor, positive, label = self.data_and_label_getter(batch)
+        return (anchor, positive), label
+
+    def _finished_embeddings(self, computed: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
         """Anchors then positives (each after PCA / normalisation), and their labels twice."""
-        embedder_model = torch.nn.Identity() if embedder_model is None else embedder_model
-        if eval:
-            trunk_model.eval()
-            embedder_model.eval()
-        anchors, positives, labels = self.compute_all_embeddings(
-            self._dataloader(dataset, collate_fn), trunk_model, embedder_model
-        )
-        embeddings = torch.cat([self.maybe_normalize(anchors), self.maybe_normalize(positives)])
-        labels = torch.cat([labels, labels])
-        if return_as_numpy:
-            return embeddings.cpu().numpy(), labels.cpu().numpy()
-        return embeddings, labels
+        anchors, positives, labels = computed
+        return torch.cat([self.maybe_normalize(anchors), self.maybe_normalize(positives)]), torch.cat([labels, labels])
 
     def set_reference_and_query(
         self,

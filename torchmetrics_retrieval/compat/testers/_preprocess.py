@@ -1,9 +1,10 @@
-"""What the testers do to labels and embeddings before the search: label ranks and levels, standardisation, PCA."""
+"""What the testers do to labels and embeddings before the search: label ranks and levels, standardisation, PCA;
+the sets of one search (``QueryAndReference``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -14,6 +15,7 @@ from torchmetrics_retrieval.functional._checks import describe
 __all__ = [
     "LabelLevel",
     "LabelRanks",
+    "QueryAndReference",
     "SplitsToEval",
     "as_numpy",
     "check_level",
@@ -25,6 +27,16 @@ __all__ = [
 
 SplitsToEval = list[tuple[str, list[str]]]
 LabelLevel = int | str | Sequence[int]
+
+
+class QueryAndReference(NamedTuple):
+    """One evaluation's sets: ``set_reference_and_query``'s four tensors and ``ref_includes_query``'s answer."""
+
+    query: Tensor
+    query_labels: Tensor
+    reference: Tensor
+    reference_labels: Tensor
+    ref_includes_query: bool
 
 
 def default_device() -> torch.device:

@@ -8,14 +8,12 @@ it is its own inverse: applied to a key it gives back the bits (+0.0 for the key
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any
 
 __all__ = ["ordered_key"]
 
-T = TypeVar("T")
 
-
-def ordered_key(bits: T) -> T:
+def ordered_key(bits: Any) -> Any:
     """The key of a float32 whose int32 bits ``bits`` holds as int64 (and the bits of a key).
 
     A non-negative float keeps its bits; a negative one maps to minus its magnitude's bits, so that a larger
@@ -29,5 +27,5 @@ def ordered_key(bits: T) -> T:
         >>> ordered_key(ordered_key(bits)).astype(np.int32).view(np.float32).tolist()
         [-1.0, 0.0, 0.0, 1.401298464324817e-45, 1.0]
     """
-    sign = bits >> 63  # type: ignore[operator]  # -1 for a negative float, else 0
-    return (bits ^ sign) - sign + sign * 2**31  # type: ignore[operator,no-any-return]
+    sign = bits >> 63  # -1 for a negative float, else 0
+    return (bits ^ sign) - sign + sign * 2**31

@@ -25,7 +25,6 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._options import RetrievalOptions
-from torchmetrics_retrieval.functional._pairs.rates import RateRequest
 from torchmetrics_retrieval.functional._per_query import (
     RetrievalResult,
     _full_ranking_values,
@@ -38,6 +37,7 @@ from torchmetrics_retrieval.functional.identification import _dir_at_fpir_comput
 from torchmetrics_retrieval.functional.reduction import _apply_empty_target_action_compute
 from torchmetrics_retrieval.functional.relevance import _relevance_matrix_compute
 from torchmetrics_retrieval.functional.retrieval import reduce_per_query
+from torchmetrics_retrieval.functional.verification import PairRequest
 from torchmetrics_retrieval.metrics._sharded.gather import gather_rows
 from torchmetrics_retrieval.metrics._sharded.global_set import ShardedSet, global_problem
 from torchmetrics_retrieval.metrics._sharded.pairs import sharded_pair_metrics
@@ -61,9 +61,7 @@ def sharded_compute(metric: Any, group: Any) -> tuple[dict[str, Tensor], Retriev
         shards = shards._replace(local=torch.nn.functional.normalize(shards.local, dim=1))
     with shards.whole():
         metrics, result = sharded_ranking(shards, options) if options.needs_ranking else ({}, None)
-        request = RateRequest(options.eer, options.min_dcf_p_target, options.dcf_costs)
-        pairs = (options.fmr_vals, request, options.distance, options.label_comparison_fn, options.chunk_size)
-        metrics.update(sharded_pair_metrics(shards, *pairs, options.roc_auc))
+        metrics.update(sharded_pair_metrics(shards, PairRequest.of(options)))
     return metrics, result, indexes
 
 

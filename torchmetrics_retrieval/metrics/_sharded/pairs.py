@@ -50,7 +50,7 @@ from torchmetrics_retrieval.functional._search.keys import self_dots, stage_rows
 from torchmetrics_retrieval.functional._search.stream_topk import addmm_keys
 from torchmetrics_retrieval.functional._search.torch_stage import SymmetricKeys
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
-from torchmetrics_retrieval.functional.verification import _bounds_of_norms, statistics_keys
+from torchmetrics_retrieval.functional.verification import PairRequest, _bounds_of_norms, statistics_keys
 from torchmetrics_retrieval.metrics._sharded import auc as sharded_auc
 from torchmetrics_retrieval.metrics._sharded.gather import all_reduce, gather
 from torchmetrics_retrieval.metrics._sharded.global_set import ShardedSet, global_problem, placeholder_problem
@@ -166,23 +166,16 @@ def _buckets(shards: ShardedSet, distance: str) -> PairBuckets:
     return PairBuckets.spanning(*_bounds_of_norms(float(found[0]), float(found[1]), distance))
 
 
-def sharded_pair_metrics(
-    shards: ShardedSet,
-    fmr_vals: tuple[float, ...],
-    request: RateRequest,
-    distance: str,
-    label_comparison_fn: LabelComparisonFn | None,
-    chunk_size: int | None,
-    roc_auc: bool = False,
-) -> dict[str, Tensor]:
+def sharded_pair_metrics(shards: ShardedSet, request: PairRequest) -> dict[str, Tensor]:
     """``fnmr@fmr/{f}``, ``tar@far/{f}``, ``eer``, ``min_dcf/{p}`` of a sharded set (as ``ShardedPairs``) and,
     with ``roc_auc``, ``roc_auc`` (``_shard_auc``): on every rank the values of
     ``functional.verification.pair_metrics`` over the global set."""
+    fmr_vals, rates, distance, label_comparison_fn, chunk_size, roc_auc = request
     out: dict[str, Tensor] = {}
-    if fmr_vals or request.eer or request.p_targets:
+    if request.needs_statistics:
         source = ShardedPairs(shards, distance, label_comparison_fn, chunk_size)
         device = shards.local.device
-        found = statistics(source, _buckets(shards, distance), fmr_vals, request, device, _Totals(shards.group))
+        found = statistics(source, _buckets(shards, distance), fmr_vals, rates, device, _Totals(shards.group))
         out.update(statistics_keys(found, fmr_vals))
     if roc_auc:
         auc = sharded_auc.sharded_roc_auc(shards, distance, label_comparison_fn, chunk_size)
@@ -204,4 +197,5 @@ def sharded_pair_compute(
     also ``roc_auc`` (``_shard_auc``)."""
     shards, _ = global_problem(metric, group, distance)
     with shards.whole():
-        return sharded_pair_metrics(shards, fmr_vals, request, distance, label_comparison_fn, chunk_size, roc_auc)
+        pairs = PairRequest(fmr_vals, request, distance, label_comparison_fn, chunk_size, roc_auc)
+        return sharded_pair_metrics(shards, pairs)
