@@ -176,8 +176,13 @@ class PairPasses:
         per_label = [torch.bincount(ids, minlength=n_labels) for ids in self.ids]
         if int((per_label[0] * per_label[1]).sum()) > pairs_plan.LISTED_POSITIVES:  # before exclusions: at most that
             return None
-        self.listed_positives = positive_distances(self.qg, self.problem, self.label_comparison_fn)
+        self.listed_positives = self._positive_distances()
         return self.listed_positives
+
+    def _positive_distances(self) -> Tensor:
+        """Every eligible positive pair's canonical distance (a source holding a part of the pairs lists them
+        with the other parts)."""
+        return positive_distances(self.qg, self.problem, self.label_comparison_fn)
 
     def _histogram(
         self,

@@ -97,17 +97,27 @@ def _product_tiles(tiles: ShardedTiles, problem: Problem) -> Iterator[ProductTil
         advance(tile.n_pairs)
 
 
+def positive_pairs(shards: ShardedSet, distance: str, label_comparison_fn: LabelComparisonFn | None) -> Tensor:
+    """Every eligible positive pair's canonical distance over the sharded set, on every rank (in no useful order):
+    listed in the visiting rounds by the rank holding the pair's gallery item. Every rank must call it."""
+    found = [positive_distances(*part, label_comparison_fn) for part in _Rounds(shards, distance) if part is not None]
+    mine = torch.cat(found) if found else shards.local.new_zeros((0,))
+    return torch.cat(gather(mine, shards.group))
+
+
 def sharded_roc_auc(
-    shards: ShardedSet, distance: str, label_comparison_fn: LabelComparisonFn | None, chunk_size: int | None
+    shards: ShardedSet,
+    distance: str,
+    label_comparison_fn: LabelComparisonFn | None,
+    chunk_size: int | None,
+    positives: Tensor | None = None,
 ) -> Tensor:
     """``roc_auc`` (float64, 0-dim) of a sharded set: on every rank the value of
-    ``functional._pairs.auc.roc_auc_of_pairs`` over the global set. Every rank must call it."""
+    ``functional._pairs.auc.roc_auc_of_pairs`` over the global set. Every rank must call it. ``positives``:
+    :func:`positive_pairs` of the set, when already listed (on every rank alike)."""
     qg, local, _, _, group = shards
     device = local.device
-    rounds = _Rounds(shards, distance)
-    found = [positive_distances(*part, label_comparison_fn) for part in rounds if part is not None]
-    mine = torch.cat(found) if found else local.new_zeros((0,))
-    every_positive = torch.cat(gather(mine, group))
+    every_positive = positive_pairs(shards, distance, label_comparison_fn) if positives is None else positives
     n_positive = every_positive.numel()
     n_eligible = int(qg.exclusions().count_eligible(qg.query.shape[0], qg.gallery.shape[0], device).sum())
     n_negative = n_eligible - n_positive

@@ -71,7 +71,7 @@ class ShardedPairs(PairPasses):
         chunk_size: int | None,
     ) -> None:
         qg, local, owner, row, group = shards
-        self.group = group
+        self.group, self.shards = group, shards
         local64 = local.to(torch.float64)
         sq64 = self_dots(local64)
         stage, stage_sq = stage_rows(local64, sq64, distance)
@@ -123,8 +123,8 @@ class ShardedPairs(PairPasses):
     def _sample_total(self, hist: Tensor) -> Tensor:
         return all_reduce(hist, self.group)
 
-    def _listed_positives(self) -> Tensor | None:
-        return None  # a positive pair's two rows may lie on two ranks: the sample's positives foresee FNMR
+    def _positive_distances(self) -> Tensor:
+        return sharded_auc.positive_pairs(self.shards, self.problem.distance, self.label_comparison_fn)
 
 
 class _Totals:
@@ -178,7 +178,8 @@ def sharded_pair_metrics(shards: ShardedSet, request: PairRequest) -> dict[str, 
         found = statistics(source, _buckets(shards, distance), fmr_vals, rates, device, _Totals(shards.group))
         out.update(statistics_keys(found, fmr_vals))
     if roc_auc:
-        auc = sharded_auc.sharded_roc_auc(shards, distance, label_comparison_fn, chunk_size)
+        listed = source.listed_positives if request.needs_statistics else None  # the sample's, as on one process
+        auc = sharded_auc.sharded_roc_auc(shards, distance, label_comparison_fn, chunk_size, listed)
         out["roc_auc"] = auc.to(torch.float32)
     return out
 
