@@ -48,7 +48,7 @@ def _pair_kernels() -> Any:
 
 class PairPasses:
     """The pairs of ``qg`` under ``distance`` (see the module docstring). ``problem``: the prepared problem of
-    ``qg`` when the caller made it (a subclass that computes the key blocks itself, ``metrics._shard_pairs``)."""
+    ``qg`` when the caller made it (a subclass that computes the key blocks itself, ``metrics._sharded.pairs``)."""
 
     def __init__(
         self,

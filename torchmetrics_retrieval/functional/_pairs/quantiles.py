@@ -58,7 +58,7 @@ PairSource = Callable[[], Iterator[PairBlock]]
 
 class PassTotals(Protocol):
     """How the results of the two passes over a source that holds a part of the pairs become those of every
-    pair (``metrics._shard_pairs``: summed and merged over the processes)."""
+    pair (``metrics._sharded.pairs``: summed and merged over the processes)."""
 
     def histograms(self, negative: Tensor, positive: Tensor) -> tuple[Tensor, Tensor]: ...
 

@@ -59,7 +59,7 @@ class _Thresholds:
     ) -> None:
         """``listed``: the pairs' reported distances and their gallery items' canonical squared norms, when the
         pairs were listed elsewhere (a shard of the gallery: ``pair_cols`` are then the items' *virtual*
-        positions in it, see ``metrics._shard_full_ranking``, and pairs of equal distance come in tie order)."""
+        positions in it, see ``metrics._sharded.ranks``, and pairs of equal distance come in tie order)."""
         self.symmetric, self.last = symmetric, last
         if listed is None:
             distances = canonical_distances(problem, rows, pair_rows, pair_cols).to(problem.dtype)
