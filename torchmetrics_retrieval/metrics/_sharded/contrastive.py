@@ -1,6 +1,6 @@
 """Sharded ``ContrastiveAccuracy`` under DDP: every rank keeps its own pairs; only ``z1`` rows travel, in blocks.
 
-Only the dataset indexes are gathered (:func:`~torchmetrics_retrieval.metrics._shard.global_rows`): every rank
+Only the dataset indexes are gathered (:func:`~.global_set.global_rows`): every rank
 learns which rank owns each sample of the de-duplicated global set and keeps, of its own rows, those it owns
 (``z1[i]`` and ``z2[i]`` are stored together, so pairs stay paired). The owner normalises its rows (row by row:
 the values of one process) and computes each pair's canonical partner similarity (the float64 dot product).

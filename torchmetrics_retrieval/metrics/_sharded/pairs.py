@@ -168,7 +168,7 @@ def _buckets(shards: ShardedSet, distance: str) -> PairBuckets:
 
 def sharded_pair_metrics(shards: ShardedSet, request: PairRequest) -> dict[str, Tensor]:
     """``fnmr@fmr/{f}``, ``tar@far/{f}``, ``eer``, ``min_dcf/{p}`` of a sharded set (as ``ShardedPairs``) and,
-    with ``roc_auc``, ``roc_auc`` (``_shard_auc``): on every rank the values of
+    with ``roc_auc``, ``roc_auc`` (``auc``): on every rank the values of
     ``functional.verification.pair_metrics`` over the global set."""
     fmr_vals, rates, distance, label_comparison_fn, chunk_size, roc_auc = request
     out: dict[str, Tensor] = {}
@@ -195,7 +195,7 @@ def sharded_pair_compute(
     roc_auc: bool = False,
 ) -> dict[str, Tensor]:
     """The pair metrics of a sample accumulator whose ranks keep their samples (``FNMRAtFMR``); with ``roc_auc``
-    also ``roc_auc`` (``_shard_auc``)."""
+    also ``roc_auc`` (``auc``)."""
     shards, _ = global_problem(metric, group, distance)
     with shards.whole():
         pairs = PairRequest(fmr_vals, request, distance, label_comparison_fn, chunk_size, roc_auc)

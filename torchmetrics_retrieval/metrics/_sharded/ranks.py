@@ -3,7 +3,7 @@
 The rank of a query's relevant item ``t`` is one plus the number of eligible items whose (distance, position)
 precedes ``t``'s (``functional._ranks.count``). Every item lies in exactly one rank's gallery shard, so that
 number is the sum over shards of the items of each shard before ``t``, and ``t`` itself (a *threshold*) lies
-in one shard. In rounds, as the sharded search (``_shard_search.one_sided_top_k``), every rank's next block of
+in one shard. In rounds, as the sharded search (``search.one_sided_top_k``), every rank's next block of
 queries is all-gathered (rows and embeddings) and every rank serves all visiting queries against its shard:
 
 1. *thresholds*: each rank lists the eligible relevant pairs between the visiting queries and its shard, their
