@@ -10,9 +10,8 @@ gathered (a few numbers per query) and reduced as on one process, so every key i
 
 MRR beyond K, full MAP and mINP need the rank of relevant items in each query's whole ranking: the items before
 each one are counted shard by shard, in the same rounds of visiting queries, and summed (``ranks``).
-FNMR@FMR, EER and minDCF share out the tiles of pair distances one process computes (``_shard_pairs``); ROC AUC
-counts, in the same rounds of visiting queries, each shard's negatives among every shard's positives
-(``auc``). PCF and clustering are not sharded: with either ``compute`` gathers the embeddings as
+FNMR@FMR, EER, minDCF and ROC AUC share out the tiles of pairs one process computes (``tiles``, ``pairs``,
+``auc``). PCF and clustering are not sharded: with either ``compute`` gathers the embeddings as
 ``distributed="gather"`` does.
 """
 
