@@ -6,23 +6,21 @@ among them, counting the positives strictly below (``below``) and equal to (``eq
 area is ``(below + equal / 2) / (n_pos * n_neg)``. Each negative's decision is exact and independent of the
 block that computes it: where a block's rigorous bound is ambiguous the pair takes its canonical distance,
 computed pair by pair, the same on any rank and in any company. So any partition of the ordered pairs gives the
-same integer counts, and the ranks share them out as (visiting query block) x (this rank's gallery shard), in
-the visiting rounds (``rounds``): each round every rank's next block of its own queries is all-gathered (rows and
-embeddings) and every rank works on the visiting block against its shard (``global_set.restrict_gallery``: global
-rules and self index remapped, ``same_set=False``, so each ordered pair is computed once, by the rank holding its
-gallery item, and no block is mirrored). Every part is planned as part of the whole problem
-(``ShardedSet.whole``), so every round takes the compiled kernels where one process would.
+same integer counts. Every part is planned as part of the whole problem (``ShardedSet.whole``), so every part
+takes the compiled kernels where one process would.
 
-1. *positives*: in the rounds each rank lists the positive pairs of its sub-problems with their canonical
-   distances (``_pairs.auc.positive_distances``); they are all-gathered and sorted on every rank (the multiset of
-   every positive pair's distance: one process's sorted positives, whatever the order of the parts). ``n_pos`` is
-   their number, ``n_neg`` the eligible pairs of the global labels and rules minus ``n_pos``, as on one process.
-2. *negatives*: in the rounds again each rank places the negatives of its sub-problems among all positives
-   (``functional._pairs.auc.place_negatives``); ``below`` and ``equal`` are summed with one int64 ``all_reduce``.
+1. *positives* (:func:`positive_pairs`): in the visiting rounds (``rounds``) every rank's next block of its own
+   queries visits every rank, which lists the positive pairs between the visitors and its gallery shard with their
+   canonical distances (``_pairs.auc.positive_distances``); they are all-gathered, so every rank holds the multiset
+   of every positive pair's distance, whatever the order of the parts. ``n_pos`` is their number, ``n_neg`` the
+   eligible pairs of the global labels and rules minus ``n_pos``, as on one process.
+2. *negatives*: each rank places the negatives of its tiles of one process's schedule (``tiles.ShardedTiles``:
+   symmetric tiles for a set against itself) among all positives, through ``_pairs.auc.place_negatives`` with the
+   tiles injected; ``below`` and ``equal`` are summed with one int64 ``all_reduce``.
 
 The counts are integers, so their sum is exact, and the final division is the one-process Python expression on
 the same integers. Without positive or negative pairs every rank returns NaN with the one-process warning (the
-counts are global, so every rank takes that way, and no rank enters the second rounds).
+counts are global, so every rank takes that way, and no rank reads the tiles).
 """
 
 from __future__ import annotations
@@ -78,10 +76,6 @@ class _Rounds:
                 continue
             sub = self.shard.take(visiting_rows)._replace(query=visiting)
             yield sub, make_problem(sub.query, sub.gallery, self.distance, sub.exclusions(), same_set=False)
-
-    def n_pairs(self) -> int:
-        """The ordered pairs of this rank's sub-problems (its progress bar's total)."""
-        return self.qg.query.shape[0] * self.shard.gallery.shape[0]
 
 
 def _product_tiles(tiles: ShardedTiles, problem: Problem) -> Iterator[ProductTile]:
