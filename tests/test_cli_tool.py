@@ -27,7 +27,7 @@ from torchmetrics_retrieval.functional import _progress
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+def run(argv: list[Any], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     try:
         code = main([str(a) for a in argv])
     except SystemExit as stop:  # argparse's own usage errors
@@ -220,6 +220,7 @@ def test_quiet_leaves_stderr_empty(tmp_path: Path, digits: Any, capfd: Any, monk
     def write_report_and_log(*args: Any, **kwargs: Any) -> list[str]:
         # What a library's log line does when no logging handler is configured, as in a command line process
         # (matplotlib's "building the font cache"); under pytest the root logger has handlers, hence by hand.
+        assert logging.lastResort is not None
         logging.lastResort.handle(logging.makeLogRecord({"msg": "building the font cache", "levelno": logging.WARNING}))
         return write_report(*args, **kwargs)
 

@@ -123,14 +123,14 @@ def test_wheel_metadata_is_complete(dists: tuple[Path, Path]) -> None:
     assert metadata["License-Expression"] == "Apache-2.0"
     assert metadata.get_all("License-File") == ["LICENSE"]
     assert metadata["Description-Content-Type"] == "text/markdown"
-    assert metadata.get_payload().startswith("# torchmetrics-retrieval")  # the README as the long description
-    classifiers = metadata.get_all("Classifier")
+    assert str(metadata.get_payload()).startswith("# torchmetrics-retrieval")  # the README as the long description
+    classifiers = metadata.get_all("Classifier", [])
     assert classifiers and not set(classifiers) - known_classifiers  # PyPI refuses an unknown classifier
     assert "Typing :: Typed" in classifiers
     assert not [c for c in classifiers if c.startswith("License ::")]  # License-Expression replaces them
     oldest = metadata["Requires-Python"].removeprefix(">=")
     assert f"Programming Language :: Python :: {oldest}" in classifiers
-    urls = dict(entry.split(", ", 1) for entry in metadata.get_all("Project-URL"))
+    urls = {label: url for label, url in (entry.split(", ", 1) for entry in metadata.get_all("Project-URL", []))}
     assert {"Homepage", "Documentation", "Source", "Changelog"} <= set(urls)
     assert all(url.startswith("https://") for url in urls.values())
     assert "retrieval" in metadata["Keywords"].split(",")
