@@ -71,8 +71,9 @@ def dists(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("build")
     source = folder / "source"
     shutil.copytree(ROOT, source, ignore=NOT_SOURCES)  # the build writes its egg-info beside pyproject.toml
-    # --no-isolation: the build backend of this environment (a declared test dependency), no download
-    run(sys.executable, "-m", "build", "--no-isolation", "--outdir", folder / "dist", source)
+    # --no-isolation: the build backend of this environment (a declared test dependency), no download; run from
+    # the temporary folder, where no build/ directory can stand in for the build package
+    run(sys.executable, "-m", "build", "--no-isolation", "--outdir", folder / "dist", source, cwd=folder)
     (wheel,) = (folder / "dist").glob("*.whl")
     (sdist,) = (folder / "dist").glob("*.tar.gz")
     return wheel, sdist
