@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ from torchmetrics_retrieval.functional import _progress
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+def run(argv: list[Any], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     try:
         code = main([str(a) for a in argv])
     except SystemExit as stop:  # argparse's own usage errors
@@ -206,6 +208,49 @@ def test_progress_bars_follow_quiet_and_the_terminal(tmp_path: Path, capsys: Any
     assert "full ranking" in err
     _, _, err = run(["demo", "--cmc", "1", "--quiet"], capsys)
     assert err == ""
+
+
+def test_quiet_leaves_stderr_empty(tmp_path: Path, digits: Any, capfd: Any, monkeypatch: Any) -> None:
+    """``--quiet``: no progress bar, warning, log line or report file list; the results are unchanged."""
+    import torchmetrics_retrieval.cli.report as report
+
+    monkeypatch.setattr(_progress, "DELAY_SECONDS", 0.0)  # every pass would show its bar
+    write_report = report.write_report
+
+    def write_report_and_log(*args: Any, **kwargs: Any) -> list[str]:
+        # What a library's log line does when no logging handler is configured, as in a command line process
+        # (matplotlib's "building the font cache"); under pytest the root logger has handlers, hence by hand.
+        assert logging.lastResort is not None
+        logging.lastResort.handle(logging.makeLogRecord({"msg": "building the font cache", "levelno": logging.WARNING}))
+        return write_report(*args, **kwargs)
+
+    monkeypatch.setattr(report, "write_report", write_report_and_log)
+    np.save(tmp_path / "x.npy", digits.data.astype(np.float32))
+    np.save(tmp_path / "y.npy", digits.target)
+    np.save(tmp_path / "groups.npy", np.arange(len(digits.target)) % 2)
+    # faiss cannot search within groups: the library warns and searches with torch
+    argv = ["evaluate", tmp_path / "x.npy", tmp_path / "y.npy", "--search-groups", tmp_path / "groups.npy"]
+    argv += ["--backend", "faiss", "--cmc", "1", "--fmr", "--pcf", "--progress", "--json"]
+    with pytest.warns(UserWarning, match="cannot restrict a search to search groups"):
+        code, out, err = run([*argv, "--report", tmp_path / "loud"], capfd)
+    assert code == 0 and "kNN search" in err and "building the font cache" in err and "report written to" in err
+
+    with warnings.catch_warnings(record=True) as issued:  # pytest records warnings instead of printing them
+        warnings.simplefilter("always")
+        code, quiet_out, err = run([*argv, "--report", tmp_path / "quiet", "--quiet"], capfd)
+        assert code == 0 and err == ""
+        assert json.loads(quiet_out) == json.loads(out)
+        assert sorted(path.name for path in (tmp_path / "quiet").iterdir()) == sorted(
+            path.name for path in (tmp_path / "loud").iterdir()
+        )
+        fast = ["--cmc", "1", "--no-map-full", "--no-clustering", "--progress"]
+        code, out, err = run(["demo", *fast, "--report", tmp_path / "demo", "--quiet"], capfd)
+        assert code == 0 and err == "" and "1797 images" in out
+        assert (tmp_path / "demo" / "worst_queries.png").read_bytes()[:8] == PNG
+    assert [str(warning.message) for warning in issued] == []
+
+    code, out, err = run(["evaluate", tmp_path / "x.npy", tmp_path / "missing.npy", "--quiet"], capfd)
+    assert code == 2 and out == "" and "labels file not found" in err  # a failure is still reported
 
 
 ERRORS = [

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext, redirect_stderr
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
@@ -107,10 +110,19 @@ def _add_option_flags(parser: argparse.ArgumentParser, defaults: dict[str, Any])
 def _add_output_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("output")
     group.add_argument("--json", action="store_true", help="print the metrics as JSON")
-    group.add_argument("--report", metavar="DIR", help="write metrics.json, per-query values and plots into DIR")
+    group.add_argument(
+        "--report",
+        metavar="DIR",
+        help="write metrics.json, per-query values and plots into DIR (the files written are listed on stderr)",
+    )
     group.add_argument("--per-query-format", choices=("csv", "parquet"), default="csv", help="of the report")
     group.add_argument("--worst-key", metavar="KEY", help="per-query key of the worst-queries plot (with images)")
-    group.add_argument("--quiet", action="store_true", help="no progress bars")
+    group.add_argument(
+        "--quiet",
+        action="store_true",
+        help="nothing on stderr unless the command fails: no progress bars, warnings, log lines or list of the "
+        "report's files",
+    )
     group.add_argument("--progress", action="store_true", help="progress bars even when stderr is not a terminal")
     group = parser.add_argument_group("comparison of two models (paired, query by query)")
     group.add_argument("--compare", metavar="OTHER", help="the other model's embeddings of the same samples")
@@ -301,13 +313,27 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextmanager
+def _stderr_dropped() -> Iterator[None]:
+    """Drop what the run writes to ``sys.stderr``: warnings, log lines, the report's file list.
+
+    Warnings are ignored rather than written away, so that none is marked as already shown for a later run in the
+    same process. Log lines need the redirection: the logging module's last-resort handler (the one used when no
+    handler is configured, e.g. matplotlib's "building the font cache") writes to the current ``sys.stderr``.
+    """
+    with open(os.devnull, "w") as devnull, redirect_stderr(devnull), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``torchmetrics-retrieval`` command: 0 on success, 2 for a mistake in the command."""
     parser = _parser()
     args = parser.parse_args(argv)
     args.options = _options(args, parser)
     try:
-        return int(args.handler(args))
+        with _stderr_dropped() if args.quiet else nullcontext():  # an error is still printed below
+            return int(args.handler(args))
     except UsageError as error:
         message = str(error)
     except (TypeError, ValueError) as error:  # the library's checks name the argument and the value
