@@ -314,3 +314,14 @@ def test_the_installed_command_exits_2_without_a_traceback(tmp_path: Path) -> No
     )
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip() == f"torchmetrics-retrieval: error: embeddings file not found: {tmp_path / 'none.npy'}"
+
+
+@pytest.mark.parametrize("keys", [("cmc/1",), ("cmc/1", "precision/10", "map_at_r")])
+def test_table_columns_line_up_with_short_and_long_keys(keys: tuple[str, ...], capsys: Any) -> None:
+    from torchmetrics_retrieval.cli import _print_table
+
+    _print_table("title", {key: torch.tensor(0.5) for key in keys}, 1.0)
+    header, rule, *rows = capsys.readouterr().out.splitlines()[1:-1]
+    value_column = header.index("value")
+    assert rule.rindex("------") == value_column and rule.index(" ") >= len("metric")
+    assert [row.index("0.5000") for row in rows] == [value_column] * len(keys)

@@ -213,7 +213,7 @@ def _read_inputs(args: argparse.Namespace) -> Inputs:
 
 
 def _print_table(title: str, metrics: dict[str, Tensor], seconds: float) -> None:
-    width = max(len(key) for key in metrics)
+    width = max(len("metric"), *(len(key) for key in metrics))
     print(title)
     print(f"{'metric'.ljust(width)}  value")
     print(f"{'-' * width}  ------")
