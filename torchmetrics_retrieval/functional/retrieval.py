@@ -14,20 +14,24 @@ Result keys (defined in docs/definitions.md): ``cmc/{k}``, ``precision/{k}``, ``
 from __future__ import annotations
 
 import warnings
-from typing import Any, Literal, overload
+from collections.abc import Iterable
+from typing import Literal, overload
 
 import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._checks import describe
-from torchmetrics_retrieval.functional._options import RetrievalOptions
+from torchmetrics_retrieval.functional._options import OptionArguments, RetrievalOptions, Unpack
 from torchmetrics_retrieval.functional._per_query import RetrievalResult, per_query
 from torchmetrics_retrieval.functional._progress import shown
 from torchmetrics_retrieval.functional._reduce import reduce_per_query
 from torchmetrics_retrieval.functional._search.types import KNNResult
 from torchmetrics_retrieval.functional._sets import PairedIds, QueryGallery, split_query_gallery
 from torchmetrics_retrieval.functional.identification import _dir_at_fpir_compute
-from torchmetrics_retrieval.functional.reduction import label_names
+from torchmetrics_retrieval.functional.ranking import PrecisionMode
+from torchmetrics_retrieval.functional.reduction import EmptyTargetAction, label_names
+from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
+from torchmetrics_retrieval.functional.search import Distance, KNNBackend
 
 __all__ = ["RetrievalOptions", "RetrievalResult", "retrieval_metrics", "retrieval_per_query"]
 
@@ -139,8 +143,14 @@ def retrieval_metrics(
     gallery: Tensor | None = ...,
     gallery_labels: Tensor | None = ...,
     *,
+    is_query: Tensor | None = ...,
+    is_gallery: Tensor | None = ...,
+    sequence_ids: PairedIds | None = ...,
+    search_groups: PairedIds | None = ...,
+    categories: Tensor | None = ...,
+    camera_ids: PairedIds | None = ...,
     return_per_query: Literal[False] = ...,
-    **kwargs: Any,
+    **options: Unpack[OptionArguments],
 ) -> dict[str, Tensor]: ...
 
 
@@ -151,8 +161,14 @@ def retrieval_metrics(
     gallery: Tensor | None = ...,
     gallery_labels: Tensor | None = ...,
     *,
+    is_query: Tensor | None = ...,
+    is_gallery: Tensor | None = ...,
+    sequence_ids: PairedIds | None = ...,
+    search_groups: PairedIds | None = ...,
+    categories: Tensor | None = ...,
+    camera_ids: PairedIds | None = ...,
     return_per_query: Literal[True],
-    **kwargs: Any,
+    **options: Unpack[OptionArguments],
 ) -> tuple[dict[str, Tensor], RetrievalResult | None]: ...
 
 
@@ -169,7 +185,37 @@ def retrieval_metrics(
     categories: Tensor | None = None,
     camera_ids: PairedIds | None = None,
     return_per_query: bool = False,
-    **options: Any,
+    cmc_top_k: int | Iterable[int] = (1, 5),
+    precision_top_k: int | Iterable[int] = (5,),
+    map_top_k: int | Iterable[int] = (5,),
+    recall_top_k: int | Iterable[int] = (),
+    ndcg_top_k: int | Iterable[int] = (),
+    map_at_r: bool = False,
+    r_precision: bool = False,
+    mrr: bool = False,
+    map_full: bool = False,
+    minp: bool = False,
+    clustering: bool = False,
+    fmr_vals: float | Iterable[float] = (),
+    eer: bool = False,
+    roc_auc: bool = False,
+    min_dcf_p_target: float | Iterable[float] = (),
+    dcf_costs: tuple[float, float] = (1.0, 1.0),
+    fpir_vals: float | Iterable[float] = (),
+    pcf_variance: float | Iterable[float] = (),
+    distance: Distance = "euclidean",
+    normalize: bool = False,
+    precision_mode: PrecisionMode = "min_k_n",
+    empty_target_action: EmptyTargetAction = "skip",
+    avg_of_avgs: bool = False,
+    per_class: bool = False,
+    label_comparison_fn: LabelComparisonFn | None = None,
+    confidence_level: float | None = None,
+    n_bootstrap: int = 1000,
+    seed: int = 0,
+    knn_backend: KNNBackend = "auto",
+    chunk_size: int | None = None,
+    progress: bool = False,
 ) -> dict[str, Tensor] | tuple[dict[str, Tensor], RetrievalResult | None]:
     """Retrieval metrics of embeddings, exact (definitions: docs/definitions.md), as a flat dict of scalars.
 
@@ -192,10 +238,39 @@ def retrieval_metrics(
             ``sequence_ids``.
         return_per_query: also return the :class:`RetrievalResult` (None when no ranking metric
             was asked for).
-        **options: the fields of :class:`RetrievalOptions`, each documented there with its default: the
-            cutoffs (``cmc_top_k=(1, 5)``, ``precision_top_k=(5,)``, ``map_top_k=(5,)``, ...), the switches of
-            the other metrics, ``distance``, the treatment of lone queries, the reductions and the search
-            backend.
+        cmc_top_k: cutoffs k of cmc@k.
+        precision_top_k: cutoffs k of precision@k.
+        map_top_k: cutoffs k of map@k.
+        recall_top_k: cutoffs k of recall@k.
+        ndcg_top_k: cutoffs k of ndcg@k.
+        map_at_r: MAP@R.
+        r_precision: R-precision.
+        mrr: mean reciprocal rank over the full ranking.
+        map_full: full-ranking mean average precision (key `map`).
+        minp: mean inverse negative penalty: n(q) / rank of the last relevant item.
+        clustering: NMI and AMI of a k-means clustering.
+        fmr_vals: FMR values in [0, 1] of fnmr@fmr and tar@far.
+        eer: equal error rate over every pair.
+        roc_auc: area under the ROC curve over every pair (exact).
+        min_dcf_p_target: target priors p in (0, 1) of min_dcf/{p} over every pair.
+        dcf_costs: costs (C_miss, C_fa) of the detection cost of min_dcf.
+        fpir_vals: FPIR values in [0, 1] of open-set dir@fpir and fnir@fpir.
+        pcf_variance: explained-variance fractions in [0, 1] of pcf.
+        distance: distance between embeddings.
+        normalize: L2-normalise the embeddings first.
+        precision_mode: precision@k divides by min(k, n(q)) or by k.
+        empty_target_action: what a query without a relevant item counts as.
+        avg_of_avgs: average per query label first, then over labels.
+        per_class: also report every ranking key per query label.
+        label_comparison_fn: custom relevance fn(query_labels[:, None], gallery_labels[None]).
+        confidence_level: percentile-bootstrap interval of every ranking key ({key}/ci_low, /ci_high).
+        n_bootstrap: bootstrap resamples of the intervals.
+        seed: seed of the bootstrap resamples.
+        knn_backend: kNN backend.
+        chunk_size: rows per distance block (None: from a memory budget).
+        progress: progress bars (tqdm, on stderr) on the passes that take more than a second.
+
+    The options (from ``cmc_top_k`` on) are the fields of :class:`RetrievalOptions`, which checks them.
 
     Returns:
         ``{key: 0-dim tensor}`` with the keys listed in the module docstring.
@@ -207,7 +282,7 @@ def retrieval_metrics(
         >>> {key: round(float(value), 4) for key, value in metrics.items()}
         {'cmc/1': 0.4, 'precision/2': 0.6, 'mrr': 0.6667}
     """
-    opts = RetrievalOptions.create(**options)
+    opts = RetrievalOptions.from_arguments(locals())  # first: locals() holds the parameters only
     if not isinstance(return_per_query, bool):
         raise TypeError(f"`return_per_query` must be a bool, got {describe(return_per_query)}.")
     metrics, result = evaluate(
