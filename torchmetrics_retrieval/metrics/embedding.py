@@ -89,8 +89,8 @@ class EmbeddingMetrics(SampleAccumulator):
             ``fmr_vals``, ``eer``, ``min_dcf_p_target`` and ``roc_auc``; with ``pcf_variance`` or
             ``clustering`` the samples are gathered.
             One process: no difference.
-        kwargs: torchmetrics' options (``compute_on_cpu``, ``sync_on_compute``, ``process_group``,
-            ``dist_sync_fn``, ...), which refuses any other keyword.
+        kwargs: torchmetrics' own options (``compute_on_cpu``, ``sync_on_compute``, ``process_group``,
+            ``dist_sync_fn``, ...); it refuses any other keyword.
 
     The options (``cmc_top_k`` to ``progress``) are the fields of
     :class:`~torchmetrics_retrieval.functional.RetrievalOptions`, which checks them.
