@@ -34,8 +34,8 @@ ENTRY_POINTS: list[Any] = [retrieval_metrics, EmbeddingMetrics, CrossModalRetrie
 # The documented exceptions. FNMRAtFMR takes the options of the pair metrics only, and asks for FNMR@FMR=0.1 by
 # default (it would report nothing otherwise); CrossModalRetrieval reports image-text recall@1/5/10 on cosine
 # similarity by default.
-TAKEN = {FNMRAtFMR: ["fmr_vals", "eer", "roc_auc", "min_dcf_p_target", "dcf_costs", "distance"]}
-TAKEN[FNMRAtFMR] += ["label_comparison_fn", "chunk_size", "progress"]
+PAIR_OPTIONS = ["fmr_vals", "eer", "roc_auc", "min_dcf_p_target", "dcf_costs", "distance", "label_comparison_fn"]
+TAKEN = {FNMRAtFMR: [*PAIR_OPTIONS, "chunk_size", "progress"]}
 OWN_DEFAULTS: dict[Any, dict[str, Any]] = {
     CrossModalRetrieval: {"cmc_top_k": (1, 5, 10), "precision_top_k": (), "map_top_k": (), "distance": "cosine"},
     FNMRAtFMR: {"fmr_vals": (0.1,)},
