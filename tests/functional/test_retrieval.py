@@ -353,7 +353,7 @@ GOOD = (torch.zeros(3, 2), torch.tensor([0, 0, 1]))
         (GOOD, {"mrr": 1}, TypeError, "mrr"),
         (GOOD, {"avg_of_avgs": True, "per_class": True}, ValueError, "avg_of_avgs"),
         (GOOD, {"label_comparison_fn": 3}, TypeError, "label_comparison_fn"),
-        (GOOD, {"top_k": 3}, TypeError, "Unknown option"),
+        (GOOD, {"top_k": 3}, TypeError, "unexpected keyword argument .top_k."),
         (GOOD, {"is_query": torch.tensor([1, 0, 1])}, TypeError, "is_query"),
         (GOOD, {"is_query": torch.tensor([False] * 3)}, ValueError, "is_query"),
         (GOOD, {"is_gallery": torch.tensor([True, False])}, ValueError, "is_gallery"),

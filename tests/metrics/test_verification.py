@@ -270,7 +270,7 @@ def test_reset_clone_pickle_state_dict() -> None:
     assert_same(metric.clone().compute(), expected)
     restored = pickle.loads(pickle.dumps(metric))
     assert_same(restored.compute(), expected)
-    assert restored.fmr_vals == FMRS
+    assert restored.options.fmr_vals == FMRS
     assert metric.state_dict() == {}  # not persistent by default
     metric.persistent(True)
     fresh = FNMRAtFMR(fmr_vals=FMRS)

@@ -3,14 +3,18 @@
 Each field carries in its metadata an :class:`OptionKind` (how its value is checked and normalised, and how the
 command line reads it) and a one-line help text. :meth:`RetrievalOptions.create` loops over the fields, and
 ``EmbeddingMetrics``, the command line and the compat adapters read the same fields, so a new option is one
-field here plus the code that computes it.
+field here plus the code that computes it. The entry points (``retrieval_metrics``, ``EmbeddingMetrics``,
+``CrossModalRetrieval``, ``FNMRAtFMR``) list the options as typed keyword parameters, so that editors and mypy
+know them, and hand them to :meth:`RetrievalOptions.from_arguments`; tests/test_signatures.py keeps those lists
+(and :class:`OptionArguments`) in step with the fields.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import sys
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import Field, dataclass, field, fields
-from typing import Any
+from typing import Any, TypedDict
 
 from torchmetrics_retrieval.functional._bootstrap import check_confidence_level, check_seed
 from torchmetrics_retrieval.functional._checks import (
@@ -27,7 +31,12 @@ from torchmetrics_retrieval.functional.reduction import EMPTY_TARGET_ACTIONS, Em
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
 from torchmetrics_retrieval.functional.search import BACKENDS, DISTANCES, Distance, KNNBackend
 
-__all__ = ["OptionKind", "RetrievalOptions", "check_option", "option_fields"]
+if sys.version_info >= (3, 11):  # the type of the ``**kwargs`` of the entry points, with a TypedDict
+    from typing import Unpack
+else:  # pragma: no cover
+    from typing_extensions import Unpack
+
+__all__ = ["OptionArguments", "OptionKind", "RetrievalOptions", "Unpack", "check_option", "option_fields"]
 
 
 @dataclass(frozen=True)
@@ -41,11 +50,14 @@ class OptionKind:
         check: ``check(option_name, value)`` returns the normalised value or raises ``TypeError``/``ValueError``
             naming the option.
         choices: the allowed values of a ``"choice"``.
+        accepts: the annotation of the parameters that take the option, where it is wider than the field's type
+            (a cutoff is given as one int or any iterable of ints, and stored as a tuple); empty: the field's type.
     """
 
     name: str
     check: Callable[[str, Any], Any]
     choices: tuple[Any, ...] = ()
+    accepts: str = ""
 
 
 def _check_bool(name: str, value: Any) -> bool:
@@ -72,13 +84,13 @@ def _choice(choices: tuple[Any, ...]) -> OptionKind:
     return OptionKind("choice", lambda name, value: check_choice(name, value, choices), choices)
 
 
-CUTOFFS = OptionKind("cutoffs", check_top_k)
-FRACTIONS = OptionKind("fractions", check_fractions)
+CUTOFFS = OptionKind("cutoffs", check_top_k, accepts="int | Iterable[int]")
+FRACTIONS = OptionKind("fractions", check_fractions, accepts="float | Iterable[float]")
 BOOL = OptionKind("bool", _check_bool)
 POSITIVE_INT_OR_NONE = OptionKind("positive_int_or_none", _check_positive_int_or_none)
 CALLABLE_OR_NONE = OptionKind("callable_or_none", _check_callable_or_none)
 LEVEL_OR_NONE = OptionKind("level_or_none", _check_level_or_none)
-OPEN_FRACTIONS = OptionKind("fractions", check_open_fractions)
+OPEN_FRACTIONS = OptionKind("fractions", check_open_fractions, accepts=FRACTIONS.accepts)
 COSTS = OptionKind("costs", check_costs)
 POSITIVE_INT = OptionKind("positive_int", check_positive_int)
 SEED = OptionKind("seed", check_seed)
@@ -183,6 +195,22 @@ class RetrievalOptions:
             raise ValueError("`avg_of_avgs` and `per_class` cannot both be True, got both True.")
         return cls(**values)
 
+    @classmethod
+    def from_arguments(cls, arguments: Mapping[str, Any]) -> RetrievalOptions:
+        """:meth:`create` from the arguments of an entry point that lists the options as its parameters.
+
+        Pass ``locals()`` as the first statement of its body: it then holds the parameters only, and the ones
+        that are not options (``prefix``, ``kwargs``, ...) are left out; an option the entry point does not take
+        keeps its default here.
+
+        Example:
+            >>> def entry_point(*, prefix: str = "", cmc_top_k: int | Iterable[int] = 1) -> RetrievalOptions:
+            ...     return RetrievalOptions.from_arguments(locals())
+            >>> entry_point(cmc_top_k=[10, 1]).cmc_top_k
+            (1, 10)
+        """
+        return cls.create(**{f.name: arguments[f.name] for f in fields(cls) if f.name in arguments})
+
     def as_dict(self) -> dict[str, Any]:
         """The options as keyword arguments of :func:`retrieval_metrics`."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -198,6 +226,43 @@ class RetrievalOptions:
         cutoffs = self.cmc_top_k + self.precision_top_k + self.map_top_k + self.recall_top_k + self.ndcg_top_k
         full = self.mrr or self.map_full or self.minp or bool(self.fpir_vals)
         return bool(cutoffs) or self.map_at_r or self.r_precision or full
+
+
+class OptionArguments(TypedDict, total=False):
+    """The options as keyword arguments (each typed as its parameters are): the type of ``**options`` in the
+    overloads of :func:`retrieval_metrics`, so that mypy refuses a misspelt option there too."""
+
+    cmc_top_k: int | Iterable[int]
+    precision_top_k: int | Iterable[int]
+    map_top_k: int | Iterable[int]
+    recall_top_k: int | Iterable[int]
+    ndcg_top_k: int | Iterable[int]
+    map_at_r: bool
+    r_precision: bool
+    mrr: bool
+    map_full: bool
+    minp: bool
+    clustering: bool
+    fmr_vals: float | Iterable[float]
+    eer: bool
+    roc_auc: bool
+    min_dcf_p_target: float | Iterable[float]
+    dcf_costs: tuple[float, float]
+    fpir_vals: float | Iterable[float]
+    pcf_variance: float | Iterable[float]
+    distance: Distance
+    normalize: bool
+    precision_mode: PrecisionMode
+    empty_target_action: EmptyTargetAction
+    avg_of_avgs: bool
+    per_class: bool
+    label_comparison_fn: LabelComparisonFn | None
+    confidence_level: float | None
+    n_bootstrap: int
+    seed: int
+    knn_backend: KNNBackend
+    chunk_size: int | None
+    progress: bool
 
 
 def option_fields() -> Mapping[str, Field[Any]]:

@@ -14,25 +14,24 @@ Result keys (defined in docs/definitions.md): ``cmc/{k}``, ``precision/{k}``, ``
 from __future__ import annotations
 
 import warnings
-from typing import Any, Literal, cast, overload
+from collections.abc import Iterable
+from typing import Literal, overload
 
 import torch
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._bootstrap import bootstrap_interval
 from torchmetrics_retrieval.functional._checks import describe
-from torchmetrics_retrieval.functional._options import RetrievalOptions
+from torchmetrics_retrieval.functional._options import OptionArguments, RetrievalOptions, Unpack
 from torchmetrics_retrieval.functional._per_query import RetrievalResult, per_query
 from torchmetrics_retrieval.functional._progress import shown
+from torchmetrics_retrieval.functional._reduce import reduce_per_query
 from torchmetrics_retrieval.functional._search.types import KNNResult
 from torchmetrics_retrieval.functional._sets import PairedIds, QueryGallery, split_query_gallery
 from torchmetrics_retrieval.functional.identification import _dir_at_fpir_compute
-from torchmetrics_retrieval.functional.reduction import (
-    _apply_empty_target_action_compute,
-    _grouped_mean_compute,
-    _masked_mean_compute,
-    label_names,
-)
+from torchmetrics_retrieval.functional.ranking import PrecisionMode
+from torchmetrics_retrieval.functional.reduction import EmptyTargetAction, label_names
+from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
+from torchmetrics_retrieval.functional.search import Distance, KNNBackend
 
 __all__ = ["RetrievalOptions", "RetrievalResult", "retrieval_metrics", "retrieval_per_query"]
 
@@ -99,87 +98,6 @@ def _every_sample(qg: QueryGallery, whole_set: Tensor | None, normalize: bool) -
     return torch.nn.functional.normalize(whole_set, dim=1)
 
 
-def _grouped_keys(keys: list[str], table: Tensor, counted: Tensor, groups: Tensor, pattern: str) -> dict[str, Tensor]:
-    """Per-group means (one vectorised pass) named by ``pattern``; groups without a counted query are left out.
-
-    The loop only names the results: ``{key}/class/{label}`` or ``{category}/{key}``.
-    """
-    distinct, means, has_counted = _grouped_mean_compute(table, counted, groups)
-    return {
-        pattern.format(key=key, group=group): value
-        for group, row, ok in zip(label_names(distinct), means.unbind(), has_counted.tolist(), strict=True)
-        if ok
-        for key, value in zip(keys, row.unbind(), strict=True)
-    }
-
-
-def reduce_per_query(result: RetrievalResult, options: RetrievalOptions) -> dict[str, Tensor]:
-    """Scalars from per-query values: the mean (or average of per-label averages), per class, per category."""
-    metrics: dict[str, Tensor] = {}
-    if not result.values:
-        return metrics
-    keys = list(result.values)
-    table, counted = _apply_empty_target_action_compute(
-        torch.stack([result.values[key] for key in keys], dim=1), result.n_relevant, options.empty_target_action
-    )
-    if options.avg_of_avgs:
-        _, means, has_counted = _grouped_mean_compute(table, counted, result.query_labels)
-        overall = _masked_mean_compute(means, has_counted, name=", ".join(keys))
-    else:
-        overall = _masked_mean_compute(table, counted, name=", ".join(keys))
-    metrics.update(zip(keys, overall.unbind(), strict=True))
-    if options.confidence_level is not None:
-        metrics.update(_intervals(keys, table, counted, result.query_labels, options))
-    if options.per_class:
-        metrics.update(_grouped_keys(keys, table, counted, result.query_labels, "{key}/class/{group}"))
-    if result.query_categories is not None:
-        metrics.update(_grouped_keys(keys, table, counted, result.query_categories, "{group}/{key}"))
-        if options.confidence_level is not None:
-            metrics.update(_category_intervals(keys, table, counted, result, options))
-    return metrics
-
-
-def _intervals(
-    keys: list[str], table: Tensor, counted: Tensor, labels: Tensor, options: RetrievalOptions, prefix: str = ""
-) -> dict[str, Tensor]:
-    """``{key}/ci_low`` and ``{key}/ci_high`` of every key: the percentile bootstrap over the counted queries of
-    the mean the key reports (with ``avg_of_avgs``, of the average of per-label means, resampled as one)."""
-    rows = torch.nonzero(counted).flatten()
-    if rows.numel() == 0:
-        nan = torch.full((), float("nan"), dtype=table.dtype, device=table.device)
-        return {f"{prefix}{key}/{end}": nan for key in keys for end in ("ci_low", "ci_high")}
-    groups = None
-    if options.avg_of_avgs:
-        chosen = labels[rows]
-        _, groups = torch.unique(chosen, dim=0 if chosen.ndim == 2 else None, return_inverse=True)
-    assert options.confidence_level is not None
-    low, high = bootstrap_interval(
-        table[rows],
-        confidence_level=options.confidence_level,
-        n_bootstrap=options.n_bootstrap,
-        seed=options.seed,
-        groups=groups,
-    )
-    ends = {f"{prefix}{key}/ci_low": value for key, value in zip(keys, low.unbind(), strict=True)}
-    ends.update({f"{prefix}{key}/ci_high": value for key, value in zip(keys, high.unbind(), strict=True)})
-    return ends
-
-
-def _category_intervals(
-    keys: list[str], table: Tensor, counted: Tensor, result: RetrievalResult, options: RetrievalOptions
-) -> dict[str, Tensor]:
-    """The intervals of the per-category keys, each resampled within its category. A loop over the categories
-    (a handful: shop / consumer photos, seen / unseen classes), each one vectorised over its queries."""
-    categories = cast(Tensor, result.query_categories)
-    distinct = torch.unique(categories)
-    ends: dict[str, Tensor] = {}
-    for name, value in zip(label_names(distinct), distinct.unbind(), strict=True):
-        inside = categories == value
-        if bool((counted & inside).any()):
-            ends.update(_intervals(keys, table, counted & inside, result.query_labels, options, prefix=f"{name}/"))
-    return ends
-
-
 def _extra_metrics(
     options: RetrievalOptions,
     qg: QueryGallery,
@@ -225,8 +143,14 @@ def retrieval_metrics(
     gallery: Tensor | None = ...,
     gallery_labels: Tensor | None = ...,
     *,
+    is_query: Tensor | None = ...,
+    is_gallery: Tensor | None = ...,
+    sequence_ids: PairedIds | None = ...,
+    search_groups: PairedIds | None = ...,
+    categories: Tensor | None = ...,
+    camera_ids: PairedIds | None = ...,
     return_per_query: Literal[False] = ...,
-    **kwargs: Any,
+    **options: Unpack[OptionArguments],
 ) -> dict[str, Tensor]: ...
 
 
@@ -237,8 +161,14 @@ def retrieval_metrics(
     gallery: Tensor | None = ...,
     gallery_labels: Tensor | None = ...,
     *,
+    is_query: Tensor | None = ...,
+    is_gallery: Tensor | None = ...,
+    sequence_ids: PairedIds | None = ...,
+    search_groups: PairedIds | None = ...,
+    categories: Tensor | None = ...,
+    camera_ids: PairedIds | None = ...,
     return_per_query: Literal[True],
-    **kwargs: Any,
+    **options: Unpack[OptionArguments],
 ) -> tuple[dict[str, Tensor], RetrievalResult | None]: ...
 
 
@@ -255,7 +185,37 @@ def retrieval_metrics(
     categories: Tensor | None = None,
     camera_ids: PairedIds | None = None,
     return_per_query: bool = False,
-    **options: Any,
+    cmc_top_k: int | Iterable[int] = (1, 5),
+    precision_top_k: int | Iterable[int] = (5,),
+    map_top_k: int | Iterable[int] = (5,),
+    recall_top_k: int | Iterable[int] = (),
+    ndcg_top_k: int | Iterable[int] = (),
+    map_at_r: bool = False,
+    r_precision: bool = False,
+    mrr: bool = False,
+    map_full: bool = False,
+    minp: bool = False,
+    clustering: bool = False,
+    fmr_vals: float | Iterable[float] = (),
+    eer: bool = False,
+    roc_auc: bool = False,
+    min_dcf_p_target: float | Iterable[float] = (),
+    dcf_costs: tuple[float, float] = (1.0, 1.0),
+    fpir_vals: float | Iterable[float] = (),
+    pcf_variance: float | Iterable[float] = (),
+    distance: Distance = "euclidean",
+    normalize: bool = False,
+    precision_mode: PrecisionMode = "min_k_n",
+    empty_target_action: EmptyTargetAction = "skip",
+    avg_of_avgs: bool = False,
+    per_class: bool = False,
+    label_comparison_fn: LabelComparisonFn | None = None,
+    confidence_level: float | None = None,
+    n_bootstrap: int = 1000,
+    seed: int = 0,
+    knn_backend: KNNBackend = "auto",
+    chunk_size: int | None = None,
+    progress: bool = False,
 ) -> dict[str, Tensor] | tuple[dict[str, Tensor], RetrievalResult | None]:
     """Retrieval metrics of embeddings, exact (definitions: docs/definitions.md), as a flat dict of scalars.
 
@@ -278,10 +238,39 @@ def retrieval_metrics(
             ``sequence_ids``.
         return_per_query: also return the :class:`RetrievalResult` (None when no ranking metric
             was asked for).
-        **options: the fields of :class:`RetrievalOptions`, each documented there with its default: the
-            cutoffs (``cmc_top_k=(1, 5)``, ``precision_top_k=(5,)``, ``map_top_k=(5,)``, ...), the switches of
-            the other metrics, ``distance``, the treatment of lone queries, the reductions and the search
-            backend.
+        cmc_top_k: cutoffs k of cmc@k.
+        precision_top_k: cutoffs k of precision@k.
+        map_top_k: cutoffs k of map@k.
+        recall_top_k: cutoffs k of recall@k.
+        ndcg_top_k: cutoffs k of ndcg@k.
+        map_at_r: MAP@R.
+        r_precision: R-precision.
+        mrr: mean reciprocal rank over the full ranking.
+        map_full: full-ranking mean average precision (key `map`).
+        minp: mean inverse negative penalty: n(q) / rank of the last relevant item.
+        clustering: NMI and AMI of a k-means clustering.
+        fmr_vals: FMR values in [0, 1] of fnmr@fmr and tar@far.
+        eer: equal error rate over every pair.
+        roc_auc: area under the ROC curve over every pair (exact).
+        min_dcf_p_target: target priors p in (0, 1) of min_dcf/{p} over every pair.
+        dcf_costs: costs (C_miss, C_fa) of the detection cost of min_dcf.
+        fpir_vals: FPIR values in [0, 1] of open-set dir@fpir and fnir@fpir.
+        pcf_variance: explained-variance fractions in [0, 1] of pcf.
+        distance: distance between embeddings.
+        normalize: L2-normalise the embeddings first.
+        precision_mode: precision@k divides by min(k, n(q)) or by k.
+        empty_target_action: what a query without a relevant item counts as.
+        avg_of_avgs: average per query label first, then over labels.
+        per_class: also report every ranking key per query label.
+        label_comparison_fn: custom relevance fn(query_labels[:, None], gallery_labels[None]).
+        confidence_level: percentile-bootstrap interval of every ranking key ({key}/ci_low, /ci_high).
+        n_bootstrap: bootstrap resamples of the intervals.
+        seed: seed of the bootstrap resamples.
+        knn_backend: kNN backend.
+        chunk_size: rows per distance block (None: from a memory budget).
+        progress: progress bars (tqdm, on stderr) on the passes that take more than a second.
+
+    The options (from ``cmc_top_k`` on) are the fields of :class:`RetrievalOptions`, which checks them.
 
     Returns:
         ``{key: 0-dim tensor}`` with the keys listed in the module docstring.
@@ -293,7 +282,7 @@ def retrieval_metrics(
         >>> {key: round(float(value), 4) for key, value in metrics.items()}
         {'cmc/1': 0.4, 'precision/2': 0.6, 'mrr': 0.6667}
     """
-    opts = RetrievalOptions.create(**options)
+    opts = RetrievalOptions.from_arguments(locals())  # first: locals() holds the parameters only
     if not isinstance(return_per_query, bool):
         raise TypeError(f"`return_per_query` must be a bool, got {describe(return_per_query)}.")
     metrics, result = evaluate(

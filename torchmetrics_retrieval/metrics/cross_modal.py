@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable
 from typing import Any, Literal, cast
 
 import torch
@@ -11,17 +12,16 @@ from torchmetrics import Metric
 
 from torchmetrics_retrieval.functional._checks import check_choice, describe
 from torchmetrics_retrieval.functional._cross_modal import stacked_cross_modal_metrics
-from torchmetrics_retrieval.functional._options import option_fields
+from torchmetrics_retrieval.functional.ranking import PrecisionMode
+from torchmetrics_retrieval.functional.reduction import EmptyTargetAction
+from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
 from torchmetrics_retrieval.functional.retrieval import RetrievalOptions
+from torchmetrics_retrieval.functional.search import Distance, KNNBackend
+from torchmetrics_retrieval.metrics._kwargs import MetricKwargs, Unpack
 from torchmetrics_retrieval.metrics._sharded.cross_modal import check_same_dimension, missing_side
 from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator, upcast_half, validate_batch
 
 __all__ = ["CrossModalRetrieval"]
-
-_OPTION_NAMES = frozenset(option_fields())
-#: Where this class's defaults differ from ``retrieval_metrics``'s: image-text evaluation reports recall@1/5/10
-#: (``cmc/{k}``: is one of the query's group in the top k) on cosine similarity.
-_DEFAULTS: dict[str, Any] = {"cmc_top_k": (1, 5, 10), "precision_top_k": (), "map_top_k": (), "distance": "cosine"}
 
 
 class _Side(SampleAccumulator):
@@ -59,14 +59,47 @@ class CrossModalRetrieval(Metric):
     On one process, both directions come from one search: each A-B distance is computed once and serves both.
 
     Args:
+        cmc_top_k: cutoffs k of cmc@k.
+        precision_top_k: cutoffs k of precision@k.
+        map_top_k: cutoffs k of map@k.
+        recall_top_k: cutoffs k of recall@k.
+        ndcg_top_k: cutoffs k of ndcg@k.
+        map_at_r: MAP@R.
+        r_precision: R-precision.
+        mrr: mean reciprocal rank over the full ranking.
+        map_full: full-ranking mean average precision (key `map`).
+        minp: mean inverse negative penalty: n(q) / rank of the last relevant item.
+        clustering: NMI and AMI of a k-means clustering.
+        fmr_vals: FMR values in [0, 1] of fnmr@fmr and tar@far.
+        eer: equal error rate over every pair.
+        roc_auc: area under the ROC curve over every pair (exact).
+        min_dcf_p_target: target priors p in (0, 1) of min_dcf/{p} over every pair.
+        dcf_costs: costs (C_miss, C_fa) of the detection cost of min_dcf.
+        fpir_vals: FPIR values in [0, 1] of open-set dir@fpir and fnir@fpir.
+        pcf_variance: explained-variance fractions in [0, 1] of pcf.
+        distance: distance between embeddings.
+        normalize: L2-normalise the embeddings first.
+        precision_mode: precision@k divides by min(k, n(q)) or by k.
+        empty_target_action: what a query without a relevant item counts as.
+        avg_of_avgs: average per query label first, then over labels.
+        per_class: also report every ranking key per query label.
+        label_comparison_fn: custom relevance fn(query_labels[:, None], gallery_labels[None]).
+        confidence_level: percentile-bootstrap interval of every ranking key ({key}/ci_low, /ci_high).
+        n_bootstrap: bootstrap resamples of the intervals.
+        seed: seed of the bootstrap resamples.
+        knn_backend: kNN backend.
+        chunk_size: rows per distance block (None: from a memory budget).
+        progress: progress bars (tqdm, on stderr) on the passes that take more than a second.
         prefix: string put before every key.
         distributed: under DDP, ``"shard"`` (default): each process keeps its own samples of both sides; only
             ids and indexes are gathered, and blocks of queries visit every process's shard of the other side.
             ``"gather"``: every process gathers both sides and computes everything. Identical values. With a
             metric beyond the ranking (pair metrics, PCF, clustering), the sides are gathered.
-        kwargs: the retrieval options (the fields of ``RetrievalOptions``); the defaults differ in
-            ``cmc_top_k=(1, 5, 10)``, ``precision_top_k=()``, ``map_top_k=()`` and ``distance="cosine"``. Any
-            other keyword goes to torchmetrics (``process_group``, ``dist_sync_fn``, ...).
+        kwargs: torchmetrics' options (``process_group``, ``dist_sync_fn``, ...).
+
+    The options (``cmc_top_k`` to ``progress``) are the fields of ``RetrievalOptions``, which checks them. Four
+    defaults differ from ``retrieval_metrics``'s: image-text evaluation reports recall@1/5/10 (``cmc/{k}``: is one
+    of the query's group in the top k) on cosine similarity, without ``precision_top_k`` and ``map_top_k``.
 
     Example:
         >>> images = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
@@ -82,9 +115,45 @@ class CrossModalRetrieval(Metric):
     higher_is_better = True
     full_state_update = False
 
-    def __init__(self, *, prefix: str = "", distributed: Literal["shard", "gather"] = "shard", **kwargs: Any) -> None:
-        given = {name: kwargs.pop(name) for name in _OPTION_NAMES & kwargs.keys()}
-        options = RetrievalOptions.create(**{**_DEFAULTS, **given})
+    def __init__(
+        self,
+        *,
+        cmc_top_k: int | Iterable[int] = (1, 5, 10),
+        precision_top_k: int | Iterable[int] = (),
+        map_top_k: int | Iterable[int] = (),
+        recall_top_k: int | Iterable[int] = (),
+        ndcg_top_k: int | Iterable[int] = (),
+        map_at_r: bool = False,
+        r_precision: bool = False,
+        mrr: bool = False,
+        map_full: bool = False,
+        minp: bool = False,
+        clustering: bool = False,
+        fmr_vals: float | Iterable[float] = (),
+        eer: bool = False,
+        roc_auc: bool = False,
+        min_dcf_p_target: float | Iterable[float] = (),
+        dcf_costs: tuple[float, float] = (1.0, 1.0),
+        fpir_vals: float | Iterable[float] = (),
+        pcf_variance: float | Iterable[float] = (),
+        distance: Distance = "cosine",
+        normalize: bool = False,
+        precision_mode: PrecisionMode = "min_k_n",
+        empty_target_action: EmptyTargetAction = "skip",
+        avg_of_avgs: bool = False,
+        per_class: bool = False,
+        label_comparison_fn: LabelComparisonFn | None = None,
+        confidence_level: float | None = None,
+        n_bootstrap: int = 1000,
+        seed: int = 0,
+        knn_backend: KNNBackend = "auto",
+        chunk_size: int | None = None,
+        progress: bool = False,
+        prefix: str = "",
+        distributed: Literal["shard", "gather"] = "shard",
+        **kwargs: Unpack[MetricKwargs],
+    ) -> None:
+        options = RetrievalOptions.from_arguments(locals())  # first: locals() holds the parameters only
         if not isinstance(prefix, str):
             raise TypeError(f"`prefix` must be a str, got {describe(prefix)}.")
         check_choice("distributed", distributed, ("shard", "gather"))

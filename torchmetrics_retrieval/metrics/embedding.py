@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._checks import check_choice, check_positive_int, describe
-from torchmetrics_retrieval.functional._options import option_fields
-from torchmetrics_retrieval.functional.reduction import _apply_empty_target_action_compute
+from torchmetrics_retrieval.functional.ranking import PrecisionMode
+from torchmetrics_retrieval.functional.reduction import EmptyTargetAction, _apply_empty_target_action_compute
+from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
 from torchmetrics_retrieval.functional.retrieval import RetrievalOptions, RetrievalResult, evaluate
+from torchmetrics_retrieval.functional.search import Distance, KNNBackend
+from torchmetrics_retrieval.metrics._kwargs import MetricKwargs, Unpack
 from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator, upcast_half
 
 __all__ = ["EmbeddingMetrics"]
-
-#: The keywords of ``__init__`` that are retrieval options; the others are torchmetrics' (``Metric.__init__``).
-_OPTION_NAMES = frozenset(option_fields())
 
 
 def _check_storage_dtype(value: Any) -> torch.dtype | None:
@@ -44,9 +44,41 @@ class EmbeddingMetrics(SampleAccumulator):
       duplicates may then make results depend on the number of processes.
 
     Args:
+        cmc_top_k: cutoffs k of cmc@k.
+        precision_top_k: cutoffs k of precision@k.
+        map_top_k: cutoffs k of map@k.
+        recall_top_k: cutoffs k of recall@k.
+        ndcg_top_k: cutoffs k of ndcg@k.
+        map_at_r: MAP@R.
+        r_precision: R-precision.
+        mrr: mean reciprocal rank over the full ranking.
+        map_full: full-ranking mean average precision (key `map`).
+        minp: mean inverse negative penalty: n(q) / rank of the last relevant item.
+        clustering: NMI and AMI of a k-means clustering.
+        fmr_vals: FMR values in [0, 1] of fnmr@fmr and tar@far.
+        eer: equal error rate over every pair.
+        roc_auc: area under the ROC curve over every pair (exact).
+        min_dcf_p_target: target priors p in (0, 1) of min_dcf/{p} over every pair.
+        dcf_costs: costs (C_miss, C_fa) of the detection cost of min_dcf.
+        fpir_vals: FPIR values in [0, 1] of open-set dir@fpir and fnir@fpir.
+        pcf_variance: explained-variance fractions in [0, 1] of pcf.
+        distance: distance between embeddings.
+        normalize: L2-normalise the embeddings first.
+        precision_mode: precision@k divides by min(k, n(q)) or by k.
+        empty_target_action: what a query without a relevant item counts as.
+        avg_of_avgs: average per query label first, then over labels.
+        per_class: also report every ranking key per query label.
+        label_comparison_fn: custom relevance fn(query_labels[:, None], gallery_labels[None]) (must be
+            picklable to pickle or clone the metric across processes).
+        confidence_level: percentile-bootstrap interval of every ranking key ({key}/ci_low, /ci_high).
+        n_bootstrap: bootstrap resamples of the intervals.
+        seed: seed of the bootstrap resamples.
+        knn_backend: kNN backend.
+        chunk_size: rows per distance block (None: from a memory budget).
+        progress: progress bars (tqdm, on stderr) on the passes that take more than a second.
+        prefix: string put before every key of the result (e.g. ``"val/"``).
         storage_dtype: dtype the embeddings are stored in (e.g. ``torch.float16`` halves the memory);
             ``compute`` upcasts half precision to float32. None: the dtype of the first batch.
-        prefix: string put before every key of the result (e.g. ``"val/"``).
         distributed: under DDP, ``"shard"`` (default): each process keeps its own samples; only the small
             fields (labels, ids, dataset indexes) are gathered, and the searches move blocks of rows between
             processes, so each process holds its own embeddings plus one visiting block. A set searched against
@@ -57,15 +89,11 @@ class EmbeddingMetrics(SampleAccumulator):
             ``fmr_vals``, ``eer``, ``min_dcf_p_target`` and ``roc_auc``; with ``pcf_variance`` or
             ``clustering`` the samples are gathered.
             One process: no difference.
-        kwargs: the retrieval options, the fields of
-            :class:`~torchmetrics_retrieval.functional.RetrievalOptions` (defaults and checks there):
-            cutoffs ``cmc_top_k``, ``precision_top_k``, ``map_top_k``, ``recall_top_k``, ``ndcg_top_k``;
-            switches ``map_at_r``, ``r_precision``, ``mrr``, ``map_full``, ``clustering``; fractions
-            ``fmr_vals``, ``pcf_variance``; ``distance``, ``normalize``, ``precision_mode``,
-            ``empty_target_action``, ``avg_of_avgs``, ``per_class``, ``label_comparison_fn`` (must be
-            picklable to pickle or clone the metric across processes), ``knn_backend``, ``chunk_size``.
-            Any other keyword goes to torchmetrics (``compute_on_cpu``, ``sync_on_compute``,
-            ``process_group``, ``dist_sync_fn``, ...), which refuses the ones it does not know.
+        kwargs: torchmetrics' own options (``compute_on_cpu``, ``sync_on_compute``, ``process_group``,
+            ``dist_sync_fn``, ...); it refuses any other keyword.
+
+    The options (``cmc_top_k`` to ``progress``) are the fields of
+    :class:`~torchmetrics_retrieval.functional.RetrievalOptions`, which checks them.
 
     States are not saved in ``state_dict`` by default (they hold every embedding); call
     ``metric.persistent(True)`` to save them.
@@ -104,12 +132,43 @@ class EmbeddingMetrics(SampleAccumulator):
     def __init__(
         self,
         *,
+        cmc_top_k: int | Iterable[int] = (1, 5),
+        precision_top_k: int | Iterable[int] = (5,),
+        map_top_k: int | Iterable[int] = (5,),
+        recall_top_k: int | Iterable[int] = (),
+        ndcg_top_k: int | Iterable[int] = (),
+        map_at_r: bool = False,
+        r_precision: bool = False,
+        mrr: bool = False,
+        map_full: bool = False,
+        minp: bool = False,
+        clustering: bool = False,
+        fmr_vals: float | Iterable[float] = (),
+        eer: bool = False,
+        roc_auc: bool = False,
+        min_dcf_p_target: float | Iterable[float] = (),
+        dcf_costs: tuple[float, float] = (1.0, 1.0),
+        fpir_vals: float | Iterable[float] = (),
+        pcf_variance: float | Iterable[float] = (),
+        distance: Distance = "euclidean",
+        normalize: bool = False,
+        precision_mode: PrecisionMode = "min_k_n",
+        empty_target_action: EmptyTargetAction = "skip",
+        avg_of_avgs: bool = False,
+        per_class: bool = False,
+        label_comparison_fn: LabelComparisonFn | None = None,
+        confidence_level: float | None = None,
+        n_bootstrap: int = 1000,
+        seed: int = 0,
+        knn_backend: KNNBackend = "auto",
+        chunk_size: int | None = None,
+        progress: bool = False,
         prefix: str = "",
         storage_dtype: torch.dtype | None = None,
         distributed: Literal["shard", "gather"] = "shard",
-        **kwargs: Any,
+        **kwargs: Unpack[MetricKwargs],
     ) -> None:
-        options = RetrievalOptions.create(**{name: kwargs.pop(name) for name in _OPTION_NAMES & kwargs.keys()})
+        options = RetrievalOptions.from_arguments(locals())  # first: locals() holds the parameters only
         if not isinstance(prefix, str):
             raise TypeError(f"`prefix` must be a str, got {describe(prefix)}.")
         check_choice("distributed", distributed, ("shard", "gather"))

@@ -8,12 +8,18 @@ from typing import Any, Literal, cast
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._checks import check_choice, check_fractions
-from torchmetrics_retrieval.functional._options import check_option
-from torchmetrics_retrieval.functional._pairs.rates import RateRequest
+from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._progress import shown
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
 from torchmetrics_retrieval.functional.search import Distance
-from torchmetrics_retrieval.functional.verification import DEFAULT_FMR_GRID, _operating_points, det_curve, fnmr_at_fmr
+from torchmetrics_retrieval.functional.verification import (
+    DEFAULT_FMR_GRID,
+    PairRequest,
+    _operating_points,
+    det_curve,
+    fnmr_at_fmr,
+)
+from torchmetrics_retrieval.metrics._kwargs import MetricKwargs, Unpack
 from torchmetrics_retrieval.metrics._state import (
     FieldSpec,
     SampleAccumulator,
@@ -47,17 +53,18 @@ class FNMRAtFMR(SampleAccumulator):
     there is no positive or no negative pair.
 
     Args:
-        fmr_vals: FMR values ``f`` in [0, 1] (at least one unless ``eer`` or ``min_dcf_p_target`` is given); keys
-            ``fnmr@fmr/{f}`` and ``tar@far/{f}``.
-        eer: also the equal error rate, key ``eer``.
-        min_dcf_p_target: target priors p in (0, 1); keys ``min_dcf/{p}``, the minimum normalised detection cost.
-        dcf_costs: ``(C_miss, C_fa)``, positive.
-        roc_auc: also the area under the ROC curve over every pair, key ``roc_auc`` (exact, one more pass).
-        distance: ``"euclidean"``, ``"sqeuclidean"``, ``"cosine"`` or ``"dot"``.
-        label_comparison_fn: custom label match, called as ``fn(query_labels[:, None], gallery_labels[None])``
-            (must be picklable to pickle or clone the metric).
-        chunk_size: largest side of a block of the distance matrix (None: from a memory budget).
-        progress: progress bars (tqdm, on stderr) on the passes of ``compute`` that take more than a second.
+        fmr_vals: FMR values in [0, 1] of fnmr@fmr and tar@far: keys ``fnmr@fmr/{f}`` and ``tar@far/{f}`` (at
+            least one value unless ``eer``, ``roc_auc`` or ``min_dcf_p_target`` is given).
+        eer: equal error rate over every pair, key ``eer``.
+        roc_auc: area under the ROC curve over every pair (exact), key ``roc_auc`` (one more pass).
+        min_dcf_p_target: target priors p in (0, 1) of min_dcf/{p} over every pair, the minimum normalised
+            detection cost.
+        dcf_costs: costs (C_miss, C_fa) of the detection cost of min_dcf, positive.
+        distance: distance between embeddings: ``"euclidean"``, ``"sqeuclidean"``, ``"cosine"`` or ``"dot"``.
+        label_comparison_fn: custom relevance fn(query_labels[:, None], gallery_labels[None]) (must be picklable
+            to pickle or clone the metric).
+        chunk_size: rows per distance block (None: from a memory budget).
+        progress: progress bars (tqdm, on stderr) on the passes that take more than a second (of ``compute``).
         distributed: under DDP, ``"shard"`` (default): each process keeps its own samples; only the small fields
             (labels, ids, dataset indexes) are gathered and the passes over the pairs move blocks of rows
             between processes (each pair computed on one process, the histograms summed), with the values of
@@ -104,33 +111,22 @@ class FNMRAtFMR(SampleAccumulator):
         *,
         fmr_vals: float | Iterable[float] = (0.1,),
         eer: bool = False,
+        roc_auc: bool = False,
         min_dcf_p_target: float | Iterable[float] = (),
         dcf_costs: tuple[float, float] = (1.0, 1.0),
-        roc_auc: bool = False,
         distance: Distance = "euclidean",
         label_comparison_fn: LabelComparisonFn | None = None,
         chunk_size: int | None = None,
         progress: bool = False,
         distributed: Literal["shard", "gather"] = "shard",
-        **kwargs: Any,
+        **kwargs: Unpack[MetricKwargs],
     ) -> None:
-        self.progress = check_option("progress", progress)
+        options = RetrievalOptions.from_arguments(locals())  # first: locals() holds the parameters only
         check_choice("distributed", distributed, ("shard", "gather"))
-        self.eer = check_option("eer", eer)
-        self.min_dcf_p_target = check_option("min_dcf_p_target", min_dcf_p_target)
-        self.dcf_costs = check_option("dcf_costs", dcf_costs)
-        self.roc_auc = check_option("roc_auc", roc_auc)
-        # at least one metric: fmr_vals may be empty only when eer, min_dcf or roc_auc is asked for
-        both = self.eer or self.min_dcf_p_target or self.roc_auc
-        fractions = check_option("fmr_vals", fmr_vals) if both else non_empty_fractions("fmr_vals", fmr_vals)
-        check_option("distance", distance)  # checked as the same options of EmbeddingMetrics are
-        check_option("label_comparison_fn", label_comparison_fn)
-        check_option("chunk_size", chunk_size)
+        if not (options.eer or options.min_dcf_p_target or options.roc_auc):  # then at least one FMR value
+            non_empty_fractions("fmr_vals", options.fmr_vals)
         super().__init__(**kwargs)
-        self.fmr_vals = fractions
-        self.distance: Distance = distance
-        self.label_comparison_fn = label_comparison_fn
-        self.chunk_size = chunk_size
+        self.options = options  # the options it does not take keep their defaults, unused
         self.distributed = distributed
         self._gather_always = False  # set while operating_points / det_curve gather the states
 
@@ -182,7 +178,8 @@ class FNMRAtFMR(SampleAccumulator):
         options: dict[str, Any] = {
             name: fields[name] for name in ("is_query", "is_gallery", "sequence_ids", "search_groups")
         }
-        options.update(distance=self.distance, label_comparison_fn=self.label_comparison_fn, chunk_size=self.chunk_size)
+        o = self.options
+        options.update(distance=o.distance, label_comparison_fn=o.label_comparison_fn, chunk_size=o.chunk_size)
         return embeddings, cast(Tensor, fields["labels"]), options
 
     # ---- sharded mode -------------------------------------------------------------------------------------------
@@ -198,11 +195,9 @@ class FNMRAtFMR(SampleAccumulator):
         from torchmetrics_retrieval.metrics._sharded.faults import agreed
         from torchmetrics_retrieval.metrics._sharded.pairs import sharded_pair_compute
 
-        request = RateRequest(self.eer, self.min_dcf_p_target, self.dcf_costs)
-        options = (self.distance, self.label_comparison_fn, self.chunk_size)
         # a rank's failure raised on every rank
-        with shown(self.progress), agreed(self.process_group, f"{type(self).__name__}.compute()"):
-            return sharded_pair_compute(self, self.process_group, self.fmr_vals, request, *options, self.roc_auc)
+        with shown(self.options.progress), agreed(self.process_group, f"{type(self).__name__}.compute()"):
+            return sharded_pair_compute(self, self.process_group, *PairRequest.of(self.options))
 
     def _gathered_fields(self) -> dict[str, Tensor | None]:
         """The samples of every process (gathered whatever ``distributed`` says)."""
@@ -214,10 +209,15 @@ class FNMRAtFMR(SampleAccumulator):
 
     def _compute_samples(self, fields: dict[str, Tensor | None], indexes: Tensor | None) -> dict[str, Tensor]:
         embeddings, labels, options = self._pair_inputs(fields)
-        rates = {"eer": self.eer, "min_dcf_p_target": self.min_dcf_p_target, "dcf_costs": self.dcf_costs}
-        rates["roc_auc"] = self.roc_auc
-        with shown(self.progress):
-            return fnmr_at_fmr(embeddings, labels, fmr_vals=self.fmr_vals, **rates, **options)
+        o = self.options
+        rates: dict[str, Any] = {
+            "eer": o.eer,
+            "min_dcf_p_target": o.min_dcf_p_target,
+            "dcf_costs": o.dcf_costs,
+            "roc_auc": o.roc_auc,
+        }
+        with shown(o.progress):
+            return fnmr_at_fmr(embeddings, labels, fmr_vals=o.fmr_vals, **rates, **options)
 
     def operating_points(self) -> dict[str, Tensor]:
         """``{"eer": (FMR, FNMR), "min_dcf/{p}": (FMR, FNMR)}``: the points of the DET curve where the EER and each
@@ -230,7 +230,7 @@ class FNMRAtFMR(SampleAccumulator):
             >>> {key: point.tolist() for key, point in metric.operating_points().items()}
             {'eer': [0.375, 0.5], 'min_dcf/0.5': [0.375, 0.0]}
         """
-        request = RateRequest(self.eer, self.min_dcf_p_target, self.dcf_costs)
+        request = PairRequest.of(self.options).rates
         if not (request.eer or request.p_targets):
             return {}
         fields = self._gathered_fields()
@@ -291,13 +291,13 @@ class FNMRAtFMR(SampleAccumulator):
         """
         from torchmetrics_retrieval.plotting import plot_curve
 
-        grid = sorted(set(check_fractions("fmr_grid", fmr_grid)) | set(self.fmr_vals))
+        grid = sorted(set(check_fractions("fmr_grid", fmr_grid)) | set(self.options.fmr_vals))
         fmr, fnmr, _ = self.det_curve(grid)
         fig, ax = plot_curve(fmr, fnmr, ax=ax, label="DET curve", xlabel="FMR (false match rate)", ylabel="FNMR")
-        marked = fnmr.cpu()[[grid.index(f) for f in self.fmr_vals]]
-        if self.fmr_vals:
-            ax.scatter(list(self.fmr_vals), marked.numpy(), color="tab:red", zorder=3, label="fnmr@fmr")
-        for f, value in zip(self.fmr_vals, marked.tolist(), strict=True):
+        marked = fnmr.cpu()[[grid.index(f) for f in self.options.fmr_vals]]
+        if self.options.fmr_vals:
+            ax.scatter(list(self.options.fmr_vals), marked.numpy(), color="tab:red", zorder=3, label="fnmr@fmr")
+        for f, value in zip(self.options.fmr_vals, marked.tolist(), strict=True):
             ax.annotate(f"{value:.3g} @ {f}", (f, value), textcoords="offset points", xytext=(4, 4), fontsize=8)
         for key, (point_fmr, point_fnmr) in self.operating_points().items():  # where eer / min_dcf are reached
             ax.scatter([float(point_fmr)], [float(point_fnmr)], marker="D", zorder=3, label=key)
