@@ -6,7 +6,14 @@ pytorch-metric-learning, open-metric-learning and nidl.
 """
 
 from torchmetrics_retrieval import functional, plotting
-from torchmetrics_retrieval.metrics import PCF, ContrastiveAccuracy, CrossModalRetrieval, EmbeddingMetrics, FNMRAtFMR
+from torchmetrics_retrieval.metrics import (
+    PCF,
+    ContrastiveAccuracy,
+    CrossModalRetrieval,
+    EmbeddingMetrics,
+    FNMRAtFMR,
+    ShardedComputeError,
+)
 
 __version__ = "0.1.0"
 
@@ -16,6 +23,7 @@ __all__ = [
     "CrossModalRetrieval",
     "EmbeddingMetrics",
     "FNMRAtFMR",
+    "ShardedComputeError",
     "__version__",
     "functional",
     "plotting",

@@ -4,10 +4,18 @@ The classes that keep every sample share :class:`~torchmetrics_retrieval.metrics
 (validation against previous batches, DDP gather safe with empty ranks, de-duplication by ``indexes``).
 """
 
+from torchmetrics_retrieval.metrics._sharded.faults import ShardedComputeError
 from torchmetrics_retrieval.metrics.contrastive import ContrastiveAccuracy
 from torchmetrics_retrieval.metrics.cross_modal import CrossModalRetrieval
 from torchmetrics_retrieval.metrics.embedding import EmbeddingMetrics
 from torchmetrics_retrieval.metrics.topology import PCF
 from torchmetrics_retrieval.metrics.verification import FNMRAtFMR
 
-__all__ = ["PCF", "ContrastiveAccuracy", "CrossModalRetrieval", "EmbeddingMetrics", "FNMRAtFMR"]
+__all__ = [
+    "PCF",
+    "ContrastiveAccuracy",
+    "CrossModalRetrieval",
+    "EmbeddingMetrics",
+    "FNMRAtFMR",
+    "ShardedComputeError",
+]
