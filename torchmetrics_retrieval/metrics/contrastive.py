@@ -11,6 +11,7 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional._checks import check_choice, check_positive_int, check_top_k, describe
 from torchmetrics_retrieval.functional.contrastive import contrastive_accuracy
+from torchmetrics_retrieval.metrics._kwargs import MetricKwargs, Unpack
 from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator, cast_like_first
 
 __all__ = ["ContrastiveAccuracy"]
@@ -89,7 +90,7 @@ class ContrastiveAccuracy(SampleAccumulator):
         eps: float = 1e-12,
         chunk_size: int | None = None,
         distributed: Literal["shard", "gather"] = "shard",
-        **kwargs: Any,
+        **kwargs: Unpack[MetricKwargs],
     ) -> None:
         single = isinstance(top_k, int) and not isinstance(top_k, bool)
         ks = check_top_k("top_k", top_k, allow_empty=False)

@@ -11,6 +11,7 @@ from torch import Tensor
 from torchmetrics.utilities.distributed import gather_all_tensors
 
 from torchmetrics_retrieval.functional.topology import _sorted_eigenvalues, covariance_sums, pcf_from_sums
+from torchmetrics_retrieval.metrics._kwargs import MetricKwargs, Unpack
 from torchmetrics_retrieval.metrics._state import (
     FieldSpec,
     SampleAccumulator,
@@ -70,7 +71,7 @@ class PCF(SampleAccumulator):
     row_sum: Tensor
     outer_sum: Tensor
 
-    def __init__(self, *, pcf_variance: float | Iterable[float] = (0.5,), **kwargs: Any) -> None:
+    def __init__(self, *, pcf_variance: float | Iterable[float] = (0.5,), **kwargs: Unpack[MetricKwargs]) -> None:
         fractions = non_empty_fractions("pcf_variance", pcf_variance)
         super().__init__(**kwargs)
         self.pcf_variance = fractions
