@@ -32,7 +32,11 @@ def ratio(a: float | None, b: float | None, suffix: str = "") -> str:
 
 
 def mib(value: float | None) -> str:
-    return "n/a" if value is None or value < 0 else f"{value:.0f} MiB"
+    """MiB, "n/a" where the probe could not read it (-1 or NaN in the records); a peak a few pages below the
+    baseline it was measured from is shown as 0."""
+    if value is None or value == -1 or value != value:
+        return "n/a"
+    return f"{max(value, 0.0):.0f} MiB"
 
 
 def plural(count: int, word: str) -> str:

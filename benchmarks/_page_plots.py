@@ -17,7 +17,9 @@ import matplotlib.pyplot as plt
 __all__ = ["ddp_speedup", "memory_vs_n", "thread_speedup", "time_vs_n"]
 
 LABELS = {"faiss": "bare faiss kNN", "ours": "torchmetrics-retrieval", "pml": "pytorch-metric-learning", "oml": "OML"}
-STYLE = {"faiss": "s--", "ours": "o-", "pml": "^-", "oml": "v-", "ours_fnmr": "d:"}
+STYLE = {"faiss": "s--", "ours": "o-", "pml": "^-", "oml": "v-"}
+#: One colour per method on every plot.
+COLOR = {"faiss": "tab:blue", "ours": "tab:orange", "pml": "tab:green", "oml": "tab:red"}
 #: No date or software stamp in the PNG, so a re-run on the same data writes the same bytes.
 METADATA = {"Software": None}
 
@@ -35,7 +37,7 @@ def time_vs_n(rows: list[dict[str, Any]], counts: list[int], path: Path) -> None
         for method in LABELS:
             points = sorted((r["n"], r["seconds"]) for r in rows if r["method"] == method and r["threads"] == threads)
             if points:
-                ax.plot(*zip(*points, strict=True), STYLE[method], label=LABELS[method])
+                ax.plot(*zip(*points, strict=True), STYLE[method], color=COLOR[method], label=LABELS[method])
         ax.set(
             xscale="log",
             yscale="log",
@@ -55,7 +57,7 @@ def thread_speedup(speedups: dict[str, dict[int, float]], counts: tuple[int, int
     width = 0.8 / max(1, len(speedups))
     for i, (method, by_n) in enumerate(speedups.items()):
         xs = [j + i * width for j, n in enumerate(sizes) if n in by_n]
-        ax.bar(xs, [by_n[n] for n in sizes if n in by_n], width, label=LABELS.get(method, method))
+        ax.bar(xs, [by_n[n] for n in sizes if n in by_n], width, color=COLOR[method], label=LABELS[method])
     ax.axhline(counts[1] / counts[0], color="grey", linestyle=":", label=f"ideal ({counts[1]}x)")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([j + width * (len(speedups) - 1) / 2 for j in range(len(sizes))], [f"N = {n:,}" for n in sizes])
@@ -73,7 +75,8 @@ def ddp_speedup(speedups: dict[str, dict[int, float]], path: Path) -> None:
         xs = [j + i * width for j, by_p in enumerate(speedups.values()) if p in by_p]
         ax.bar(xs, [by_p[p] for by_p in speedups.values() if p in by_p], width, label=f"{p} processes")
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks([j + width * (len(ranks) - 1) / 2 for j in range(len(speedups))], list(speedups), fontsize=8)
+    ticks = [j + width * (len(ranks) - 1) / 2 for j in range(len(speedups))]
+    ax.set_xticks(ticks, list(speedups), fontsize=8, rotation=20, ha="right")
     ax.set(ylabel="speed-up against 1 process")
     ax.legend(fontsize=8)
     _save(fig, path)
@@ -82,8 +85,9 @@ def ddp_speedup(speedups: dict[str, dict[int, float]], path: Path) -> None:
 def memory_vs_n(points: dict[str, list[tuple[int, float]]], path: Path) -> None:
     """Peak RSS above the embeddings against N, log-log, one line per method, with the embeddings' own size."""
     fig, ax = plt.subplots(figsize=(7, 3.8))
-    for method, values in points.items():
-        ax.plot(*zip(*sorted(values), strict=True), STYLE.get(method, "o-"), label=LABELS.get(method, method))
+    for method in [m for m in LABELS if m in points]:  # the legend in the same order as the other plots
+        line = zip(*sorted(points[method]), strict=True)
+        ax.plot(*line, STYLE[method], color=COLOR[method], label=LABELS[method])
     sizes = sorted({n for values in points.values() for n, _ in values})
     ax.plot(sizes, [n * 128 * 4 / 2**20 for n in sizes], "k:", label="the embeddings (D = 128, float32)")
     ax.set(xscale="log", yscale="log", xlabel="N", ylabel="peak MiB above the embeddings")

@@ -55,7 +55,8 @@ def intro(docs: dict[str, dict[str, Any]]) -> list[str]:
     if "quick" in modes:
         lines += [
             "",
-            "> **Quick-mode data.** Some results below come from `run_all.py --quick` (tiny sizes, to check the",
+            f"> **Quick-mode data.** {'All' if modes == ['quick'] else 'Some'} results below come from"
+            " `run_all.py --quick` (tiny sizes, to check the",
             "> plumbing): their figures say nothing about speed. The full sweep replaces them.",
         ]
     return lines
@@ -259,7 +260,7 @@ def ddp(doc: dict[str, Any], memory_doc: dict[str, Any]) -> list[str]:
         "Working memory per rank (the largest rank's peak RSS during a second call) on 2 processes:",
         "",
         *table(
-            ["family", "N", "1 process", "2 processes", "speed-up", "memory per rank", "1 process", "ratio"],
+            ["family", "N", "1 process", "2 processes", "speed-up", "memory per rank", "memory, 1 process", "ratio"],
             memory_rows,
         ),
         "",
