@@ -347,7 +347,7 @@ def headline(docs: dict[str, dict[str, Any]]) -> list[str]:
         + (", quick-mode data" if "quick" in mode else "")
         + ") | figure |",
         "| --- | --- |",
-        f"| time against a bare faiss kNN search, N = {big:,}, {plural(one, 'thread')} | {ratio(o, f, 'x')} |",
+        f"| evaluation time / bare faiss kNN search, N = {big:,}, {plural(one, 'thread')} | {ratio(o, f, 'x')} |",
         f"| faster than pytorch-metric-learning, N = {big:,}, {plural(one, 'thread')} | {ratio(p, o, 'x')} |",
         f"| faster than open-metric-learning, N = {oml_n or 0:,}, {plural(one, 'thread')} | {ratio(m, o_oml, 'x')} |",
         f"| speed-up from {plural(one, 'thread')} to {all_}, N = {big:,} | {speedups.get(big, 0):.2f}x |",

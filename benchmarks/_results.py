@@ -19,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RESULTS", "load", "machine", "run_info", "write"]
+__all__ = ["RESULTS", "load", "machine", "run_info", "version", "write"]
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: Distributions whose versions decide the figures; a missing one is recorded as null.
@@ -55,7 +55,8 @@ def machine() -> dict[str, Any]:
     }
 
 
-def _version(name: str) -> str | None:
+def version(name: str) -> str | None:
+    """The installed version of distribution ``name``; None where it is not installed."""
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
@@ -86,7 +87,7 @@ def run_info(threads: list[int], mode: str | None = None, argv: list[str] | None
         "threads": threads,
         "mode": mode or os.environ.get("BENCH_MODE", "manual"),
         "python": platform.python_version(),
-        "versions": {name: _version(name) for name in DISTRIBUTIONS},
+        "versions": {name: version(name) for name in DISTRIBUTIONS},
         "commit": _commit(),
     }
 

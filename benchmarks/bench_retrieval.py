@@ -56,7 +56,7 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REGIMES, Regime, best_of, clustered_embeddings, memory_mib, reset_peak_memory
-from _results import run_info, write
+from _results import run_info, version, write
 from _retrieval_tables import format_scaling, format_table
 
 METHODS: tuple[str, ...] = ("matmul", "faiss", "ours", "ours_map_full", "ours_mrr", "ours_fnmr", "pml", "oml")
@@ -185,13 +185,10 @@ def _import_for(method: str) -> None:
 
 def _version(method: str) -> str | None:
     """The version of the library the method runs, read in the worker (the OML worker runs another interpreter)."""
-    from importlib import metadata
-
-    name = {"faiss": "faiss-cpu", "pml": "pytorch-metric-learning", "oml": "open-metric-learning"}.get(method)
-    try:
-        return metadata.version(name or "torchmetrics-retrieval") if method != "matmul" else None
-    except metadata.PackageNotFoundError:
+    if method == "matmul":
         return None
+    names = {"faiss": "faiss-cpu", "pml": "pytorch-metric-learning", "oml": "open-metric-learning"}
+    return version(names.get(method, "torchmetrics-retrieval"))
 
 
 def set_threads(threads: int) -> None:
