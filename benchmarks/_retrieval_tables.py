@@ -1,14 +1,13 @@
-"""The tables ``bench_retrieval.py`` prints: one (N, regime, thread count), the speed-up from the fewest threads
-to the most, and the medians over rounds. Plain functions of the workers' results (dicts with ``status``,
-``seconds``, ``peak_mib``, ``data_mib``, ``values``), kept apart from the measuring code.
+"""The tables ``bench_retrieval.py`` prints: one per (N, regime, thread count), and the speed-up from the fewest
+threads to the most. Plain functions of the workers' results (dicts with ``status``, ``seconds``, ``peak_mib``,
+``data_mib``, ``values``), kept apart from the measuring code.
 """
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
-__all__ = ["format_medians", "format_scaling", "format_table"]
+__all__ = ["format_scaling", "format_table"]
 
 
 def _value_check(rows: dict[str, dict[str, Any]]) -> str:
@@ -61,39 +60,4 @@ def format_scaling(tables: dict[int, dict[str, dict[str, Any]]]) -> str:
         if row.get("status") == "ok" and other.get("status") == "ok":
             a, b = row["seconds"], other["seconds"]
             lines.append(f"| {method} | {a:.2f} | {b:.2f} | {a / b:.2f}x |")
-    return "\n".join(lines)
-
-
-def format_medians(rounds: list[dict[int, dict[str, dict[str, Any]]]]) -> str:
-    """Median over the rounds of each method's ratio to faiss (taken within its round) and of its speed-up from
-    the fewest threads to the most."""
-    lines = ["| method | threads | x bare faiss, median (each round) |", "| --- | ---: | --- |"]
-    speedups: dict[str, list[float]] = {}
-    for threads in rounds[0]:
-        for method in rounds[0][threads]:
-            ratios = []
-            for tables in rounds:
-                row, faiss_row = tables[threads].get(method, {}), tables[threads].get("faiss", {})
-                if row.get("status") == "ok" and faiss_row.get("status") == "ok":
-                    ratios.append(row["seconds"] / faiss_row["seconds"])
-            if ratios:
-                shown = ", ".join(f"{r:.2f}" for r in ratios)
-                lines.append(f"| {method} | {threads} | {statistics.median(ratios):.2f} ({shown}) |")
-    fewest, most = min(rounds[0]), max(rounds[0])
-    for tables in rounds if fewest != most else []:
-        for method, row in tables[fewest].items():
-            other = tables[most].get(method, {})
-            if row.get("status") == "ok" and other.get("status") == "ok":
-                speedups.setdefault(method, []).append(row["seconds"] / other["seconds"])
-    for method, values in speedups.items():
-        shown = ", ".join(f"{v:.2f}" for v in values)
-        lines.append(f"| {method} | {fewest} -> {most} speed-up | {statistics.median(values):.2f}x ({shown}) |")
-    # the machine's second core comes and goes on a shared host: faiss's speed-up in the same round says how much
-    # of it there was, so a method's speed-up over faiss's compares the code, not the moment
-    faiss_speedups = speedups.get("faiss", [])
-    for method, values in speedups.items():
-        if method != "faiss" and len(values) == len(faiss_speedups):
-            relative = [v / f for v, f in zip(values, faiss_speedups, strict=True)]
-            shown = ", ".join(f"{r:.2f}" for r in relative)
-            lines.append(f"| {method} | speed-up / faiss's | {statistics.median(relative):.2f} ({shown}) |")
     return "\n".join(lines)

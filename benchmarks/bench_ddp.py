@@ -30,12 +30,10 @@ seconds apart, and the medians over rounds are printed with the ratio of every r
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import socket
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -46,6 +44,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from _common import clustered_embeddings, memory_mib, reset_peak_memory
+from _results import run_info, write
 from torch import Tensor
 from torchmetrics import Metric
 
@@ -264,16 +263,6 @@ def summary(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def machine() -> dict[str, Any]:
-    return {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "cpu_count": os.cpu_count(),
-        "load_average": os.getloadavg(),
-        "torch": torch.__version__,
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-    }
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, nargs="+", default=[20_000, 60_000])
@@ -285,10 +274,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--no-memory", dest="memory", action="store_false", help="skip the working memory")
     parser.add_argument("--json", type=Path, default=None, help="write every run's record and the machine here")
     args = parser.parse_args(argv)
-    info = machine()
-    load = " ".join(f"{v:.2f}" for v in info["load_average"])
+    info = run_info([1], argv=argv)
+    load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     print(
-        f"{info['date']}, {info['cpu_count']} CPUs, load average {load}, torch {info['torch']}, D = 128, one "
+        f"{info['date']}, {os.cpu_count()} CPUs, load average {load}, torch {torch.__version__}, D = 128, one "
         f"thread per rank; medians over {args.rounds} round(s), each round's ratio in brackets; targets: speed-up "
         f">= {TARGET_SPEEDUP}x at P = 2, work <= {TARGET_WORK}x, memory <= {TARGET_MEMORY}x at P = 2, N >= 60000",
         flush=True,
@@ -300,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             records += found
             print("\n".join(summary(found)), flush=True)
             if args.json is not None:  # rewritten after each (family, N): a stopped run keeps what it measured
-                args.json.write_text(json.dumps({"machine": info, "records": records}, indent=1) + "\n")
+                write(args.json, info, records)
     print(f"load average at the end {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
 
 

@@ -10,10 +10,11 @@
    before feeding it.
 
 Every figure comes from one run, in this process (``--threads`` sets torch and faiss; default: one thread,
-then every core). Usage::
+then every core). ``--json PATH`` writes the records with the machine, the command and the versions
+(``_results.py``). Usage::
 
     python benchmarks/bench_intervals_cross_modal.py                                   # Q = 100k; 25k x 125k
-    python benchmarks/bench_intervals_cross_modal.py --n 20000 --images 5000          # quicker
+    python benchmarks/bench_intervals_cross_modal.py --n 20000 --images 5000 --json r.json   # quicker
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ import argparse
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import faiss
 import torch
 from _common import clustered_embeddings, memory_mib, reset_peak_memory
+from _results import run_info, write
 
 from torchmetrics_retrieval import CrossModalRetrieval
 from torchmetrics_retrieval.functional import retrieval_metrics
@@ -41,7 +44,7 @@ def seconds(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-def intervals(n: int) -> None:
+def intervals(n: int) -> dict[str, Any]:
     x, labels = clustered_embeddings(n, "per_class20")
     plain = seconds(lambda: retrieval_metrics(x, labels, **KEYS))
     with_ci = seconds(lambda: retrieval_metrics(x, labels, **KEYS, confidence_level=0.95, n_bootstrap=1000))
@@ -49,6 +52,7 @@ def intervals(n: int) -> None:
     base = (plain + plain_again) / 2
     print(f"  intervals  Q={n}: without {base:.2f} s, with 95% / 1000 resamples {with_ci:.2f} s: overhead "
           f"{100 * (with_ci / base - 1):+.1f}%")  # fmt: skip
+    return {"benchmark": "intervals", "n": n, "seconds": base, "intervals_seconds": with_ci}
 
 
 def image_caption_data(n_images: int, dim: int = 512) -> tuple[torch.Tensor, ...]:
@@ -59,7 +63,7 @@ def image_caption_data(n_images: int, dim: int = 512) -> tuple[torch.Tensor, ...
     return images, torch.arange(n_images), torch.nn.functional.normalize(captions, dim=1), caption_ids
 
 
-def cross_modal(n_images: int) -> None:
+def cross_modal(n_images: int) -> dict[str, Any]:
     images, image_ids, captions, caption_ids = image_caption_data(n_images)
     data_mib = (images.numel() + captions.numel()) * 4 / 2**20
 
@@ -96,6 +100,9 @@ def cross_modal(n_images: int) -> None:
     print(f"  cross-modal {n_images} x {captions.shape[0]} D=512: faiss (captions -> images, k=10) {faiss_s:.2f} s, "
           f"ours both directions (update + compute) {ours_s:.2f} s = {ours_s / faiss_s:.2f}x faiss;")  # fmt: skip
     print(f"    {peak_text}")
+    sizes = {"images": n_images, "captions": captions.shape[0], "dim": images.shape[1], "data_mib": data_mib}
+    memory = {"peak_mib": peak - holding, "peak_mib_before_feeding": peak - before_feeding} if can_reset else {}
+    return {"benchmark": "cross_modal", **sizes, "faiss_seconds": faiss_s, "seconds": ours_s, **memory}
 
 
 def main() -> None:
@@ -103,15 +110,20 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=100_000, help="queries of the interval benchmark")
     parser.add_argument("--images", type=int, default=25_000, help="images of the cross-modal benchmark")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, os.cpu_count() or 1])
+    parser.add_argument("--json", type=Path, default=None, help="write the records, the machine and the run here")
     args = parser.parse_args()
+    info = run_info(args.threads)
+    records: list[dict[str, Any]] = []
     load = " ".join(open("/proc/loadavg").read().split()[:3])
     print(f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, load average {load}")
     for threads in args.threads:
         torch.set_num_threads(threads)
         faiss.omp_set_num_threads(threads)
         print(f"{threads} thread(s):")
-        intervals(args.n)
-        cross_modal(args.images)
+        records.append({"threads": threads, **intervals(args.n)})
+        records.append({"threads": threads, **cross_modal(args.images)})
+    if args.json is not None:
+        write(args.json, info, records)
 
 
 if __name__ == "__main__":

@@ -9,14 +9,12 @@
   path differs). Two calls: the re-identification protocol (full MAP, mINP, MAP@R: every value from the
   full-ranking pass, no search) and one that searches (CMC, MAP@R, mINP).
 
-Data: seeded clustered embeddings (``_common.py``), D = 128, 20 samples per class; every figure from one run.
-With ``--rounds R`` the whole sequence (faiss, then our calls) runs R times in turn, each ratio taken within its
-round, and the median ratio per thread count is printed at the end: on a shared machine faiss alone moves by 2x
-between runs minutes apart, so a ratio of two timings taken far apart means little.
-Usage::
+Data: seeded clustered embeddings (``_common.py``), D = 128, 20 samples per class; every figure from one run,
+each ratio taken between timings seconds apart. ``--json PATH`` writes the records with the machine, the command
+and the versions (``_results.py``). Usage::
 
     python benchmarks/bench_reid_verification.py                 # N = 20000
-    python benchmarks/bench_reid_verification.py --rates-only --rounds 5
+    python benchmarks/bench_reid_verification.py --json benchmarks/results/verification.json
     python benchmarks/bench_reid_verification.py --n 100000 --threads 2 --rates-only
 """
 
@@ -25,14 +23,15 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import faiss
 import torch
 from _common import clustered_embeddings, memory_mib, reset_peak_memory
+from _results import run_info, write
 
 from torchmetrics_retrieval.functional import fnmr_at_fmr, retrieval_metrics
 
@@ -59,7 +58,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=20_000)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, os.cpu_count() or 1])
     parser.add_argument("--rates-only", action="store_true", help="skip the camera_ids rows")
-    parser.add_argument("--rounds", type=int, default=1, help="times the whole sequence runs, in turn")
+    parser.add_argument("--json", type=Path, default=None, help="write the records, the machine and the run here")
     args = parser.parse_args()
     x, labels = clustered_embeddings(args.n, "per_class20")
     g = torch.Generator().manual_seed(1)
@@ -73,8 +72,9 @@ def main() -> None:
     for options in CALLS.values():
         retrieval_metrics(x[:3000], labels[:3000], sequence_ids=sequences[:3000], **options)
         retrieval_metrics(x[:3000], labels[:3000], camera_ids=cameras[:3000], **options)
-    ratios: dict[tuple[int, str], list[float]] = {}
-    for threads in [t for _ in range(args.rounds) for t in args.threads]:
+    info = run_info(args.threads)
+    records: list[dict[str, Any]] = []
+    for threads in args.threads:
         torch.set_num_threads(threads)
         faiss.omp_set_num_threads(threads)
 
@@ -90,8 +90,9 @@ def main() -> None:
         auc_s, auc_mib = timed(
             lambda: fnmr_at_fmr(x, labels, fmr_vals=(), eer=True, min_dcf_p_target=(0.01, 0.05), roc_auc=True)
         )
-        ratios.setdefault((threads, "eer + min_dcf + fnmr@fmr, x faiss"), []).append(rates_s / faiss_s)
-        ratios.setdefault((threads, "eer + min_dcf + roc_auc, x faiss"), []).append(auc_s / faiss_s)
+        common = {"n": args.n, "threads": threads, "faiss_seconds": faiss_s}
+        records.append({**common, "call": "rates", "seconds": rates_s, "peak_mib": rates_mib})
+        records.append({**common, "call": "roc_auc", "seconds": auc_s, "peak_mib": auc_mib})
         print(f"{threads} thread(s): faiss K=21 {faiss_s:.2f} s")
         print(f"  eer + min_dcf (2 targets) + fnmr@fmr (3): {rates_s:.2f} s = {rates_s / faiss_s:.2f}x faiss, "
               f"peak {rates_mib:.0f} MiB above the data")  # fmt: skip
@@ -103,17 +104,13 @@ def main() -> None:
             seq_s, _ = timed(functools.partial(retrieval_metrics, x, labels, sequence_ids=sequences, **options))
             cam_s, _ = timed(functools.partial(retrieval_metrics, x, labels, camera_ids=cameras, **options))
             same_s, _ = timed(functools.partial(retrieval_metrics, x, labels, sequence_ids=same_items, **options))
-            ratios.setdefault((threads, f"{call}: camera_ids / random sequence_ids"), []).append(cam_s / seq_s)
-            ratios.setdefault((threads, f"{call}: camera_ids / sequence_ids of (label, camera)"), []).append(
-                cam_s / same_s
-            )
+            times = {"sequence_seconds": seq_s, "camera_seconds": cam_s, "same_items_seconds": same_s}
+            records.append({**common, "call": call, **times})
             print(f"  {call}: sequence_ids {seq_s:.2f} s, camera_ids {cam_s:.2f} s: camera_ids costs "
                   f"{100 * (cam_s / seq_s - 1):+.1f}%; against sequence_ids leaving out the same items "
                   f"({same_s:.2f} s): {100 * (cam_s / same_s - 1):+.1f}%")  # fmt: skip
-    if args.rounds > 1:
-        for (threads, what), values in ratios.items():
-            shown = ", ".join(f"{v:.2f}" for v in values)
-            print(f"{threads} thread(s), {what}: median {statistics.median(values):.2f} ({shown})")
+    if args.json is not None:
+        write(args.json, info, records)
 
 
 if __name__ == "__main__":

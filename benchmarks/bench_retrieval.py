@@ -6,12 +6,10 @@ resets the peak-RSS counter, runs the method twice (``--repeats``) and reports t
 above the RSS it had once the data existed. The orchestrator prints one table per
 (N, label regime, thread count) with the ratio of every method to the bare faiss kNN and our speed-up over
 the anchors, then how much faster each method ran with all cores than with one (``--threads``, default: one
-thread and every core, the same data). With ``--rounds R`` all of that runs R times in turn for each (N, regime),
-then the median over the rounds of every ratio (each taken within its round), of every speed-up, and of each
-method's speed-up divided by faiss's in the same round: faiss alone moves by up to 2x between runs minutes apart on
-a shared machine, and its speed-up from 1 to 2 threads by 1.3-1.9x. With ``--paired-threads`` one worker per
-method measures every thread count, the counts taking turns pass after pass, so each speed-up compares passes
-seconds apart.
+thread and every core, the same data). With ``--paired-threads`` one worker per method measures every thread
+count, the counts taking turns pass after pass, so each speed-up compares passes seconds apart: on a shared
+machine faiss alone moves by up to 2x between runs minutes apart. ``--json PATH`` writes every row, with the
+machine, the command and the versions (``_results.py``), for ``make_page.py``.
 
 Methods (K = max(5, max n(q)): what our call needs for cmc@5/precision@5/map@5, map@r and r-precision):
 
@@ -33,8 +31,7 @@ Usage::
     python benchmarks/bench_retrieval.py                      # smoke run, N = 10k, both regimes
     python benchmarks/bench_retrieval.py --sizes 10000 30000 100000 --regimes per_class20 classes100 \\
         --oml-python /tmp/omlvenv/bin/python
-    python benchmarks/bench_retrieval.py --sizes 20000 --methods faiss ours ours_map_full --rounds 3
-    python benchmarks/bench_retrieval.py --sizes 20000 30000 --methods faiss ours --paired-threads --rounds 5
+    python benchmarks/bench_retrieval.py --sizes 20000 30000 --methods faiss ours --paired-threads --json r.json
     python benchmarks/bench_retrieval.py --profile --sizes 100000 --regimes classes100   # where our time goes
 """
 
@@ -50,7 +47,6 @@ import pstats
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -60,7 +56,8 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REGIMES, Regime, best_of, clustered_embeddings, memory_mib, reset_peak_memory
-from _retrieval_tables import format_medians, format_scaling, format_table
+from _results import run_info, version, write
+from _retrieval_tables import format_scaling, format_table
 
 METHODS: tuple[str, ...] = ("matmul", "faiss", "ours", "ours_map_full", "ours_mrr", "ours_fnmr", "pml", "oml")
 #: The FMR values of the ``ours_fnmr`` row.
@@ -186,6 +183,14 @@ def _import_for(method: str) -> None:
         __import__(module)
 
 
+def _version(method: str) -> str | None:
+    """The version of the library the method runs, read in the worker (the OML worker runs another interpreter)."""
+    if method == "matmul":
+        return None
+    names = {"faiss": "faiss-cpu", "pml": "pytorch-metric-learning", "oml": "open-metric-learning"}
+    return version(names.get(method, "torchmetrics-retrieval"))
+
+
 def set_threads(threads: int) -> None:
     """Use ``threads`` CPU threads in torch and, where it is importable, faiss (the same for every method)."""
     torch.set_num_threads(threads)
@@ -240,6 +245,7 @@ def measure_paired(
             best[threads] = min(best[threads], seconds)
     _, peak = memory_mib()
     common = {"method": method, "n": n, "regime": regime, "k": search_k(labels), "values": values}
+    common["version"] = _version(method)
     common |= {"peak_mib": peak - baseline if can_reset else -1.0, "data_mib": x.numel() * x.element_size() / MIB}
     return [{**common, "seconds": best[threads], "threads": threads} for threads in counts]
 
@@ -296,13 +302,17 @@ def _skip_reason(method: str, n: int, args: argparse.Namespace) -> str | None:
 def run_all(args: argparse.Namespace) -> None:
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     counts = args.threads or [1, os.cpu_count() or 1]
-    when = time.strftime("%Y-%m-%d %H:%M")
-    print(f"{when}, {os.cpu_count()} CPUs, threads {counts}, load average {load}", flush=True)
+    info = run_info(counts)
+    print(f"{info['date']}, {os.cpu_count()} CPUs, threads {counts}, load average {load}", flush=True)
+    records: list[dict[str, Any]] = []
     for n in args.sizes:
         for regime in args.regimes:
-            rounds = [_one_round(n, regime, counts, args) for _ in range(args.rounds)]
-            if args.rounds > 1:
-                print(f"N = {n}, {regime}, {args.rounds} rounds:\n" + format_medians(rounds) + "\n", flush=True)
+            tables = _measure_every_method(n, regime, counts, args)
+            for threads, rows in tables.items():
+                for method, row in rows.items():
+                    records.append({"n": n, "regime": regime, **row, "method": method, "threads": threads})
+            if args.json is not None:  # rewritten after each (N, regime): a stopped run keeps what it measured
+                write(args.json, info, records)
 
 
 def _method_row(method: str, n: int, regime: str, counts: list[int], args: argparse.Namespace) -> dict[str, Any]:
@@ -317,7 +327,7 @@ def _method_row(method: str, n: int, regime: str, counts: list[int], args: argpa
     return row
 
 
-def _one_round(
+def _measure_every_method(
     n: int, regime: str, counts: list[int], args: argparse.Namespace
 ) -> dict[int, dict[str, dict[str, Any]]]:
     """Every method at every thread count once, in turn; the tables printed and returned."""
@@ -344,9 +354,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=2, help="passes per method; the best one is reported")
     parser.add_argument(
-        "--rounds", type=int, default=1, help="times every (N, regime) runs all its methods, in turn; medians after"
-    )
-    parser.add_argument(
         "--threads", type=int, nargs="+", default=None, help="CPU thread counts of torch and faiss (default: 1 and all)"
     )
     parser.add_argument(
@@ -358,6 +365,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip-oml-above", type=int, default=30_000)
     parser.add_argument("--map-full-max", type=int, default=100_000, help="largest N of the map_full and FNMR@FMR rows")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds allowed to one worker")
+    parser.add_argument("--json", type=Path, default=None, help="write every row, the machine and the run here")
     parser.add_argument("--worker", choices=METHODS, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--profile", action="store_true", help="cProfile our call instead of the benchmark")
     return parser.parse_args(argv)

@@ -81,24 +81,6 @@ def test_paired_threads_take_one_worker_per_method(bench: ModuleType, capsys: py
     assert "| ours |" in out and "| speed-up |" in out and "failed" not in out
 
 
-def test_medians_take_each_ratio_within_its_round(bench: ModuleType) -> None:
-    def rounds_of(faiss: float, ours: float, faiss2: float, ours2: float) -> dict[int, dict[str, dict[str, object]]]:
-        return {
-            1: {"faiss": {"status": "ok", "seconds": faiss}, "ours": {"status": "ok", "seconds": ours}},
-            2: {"faiss": {"status": "ok", "seconds": faiss2}, "ours": {"status": "ok", "seconds": ours2}},
-        }
-
-    # ours / faiss at 1 thread: 0.5, 1.0, 0.6 -> median 0.6; at 2 threads: 0.5, 0.5, 2.0 -> 0.5
-    # ours from 1 to 2 threads: 1 / 0.5 = 2.0, 4 / 1 = 4.0, 3 / 3 = 1.0 -> median 2.0
-    table = bench.format_medians([rounds_of(2, 1, 1, 0.5), rounds_of(4, 4, 2, 1), rounds_of(5, 3, 1.5, 3)])
-    assert "| ours | 1 | 0.60 (0.50, 1.00, 0.60) |" in table
-    assert "| ours | 2 | 0.50 (0.50, 0.50, 2.00) |" in table
-    assert "| ours | 1 -> 2 speed-up | 2.00x (2.00, 4.00, 1.00) |" in table
-    # faiss from 1 to 2 threads: 2.0, 2.0, 3.33 -> ours' speed-ups over faiss's: 1.0, 2.0, 0.3 -> median 1.0
-    assert "| ours | speed-up / faiss's | 1.00 (1.00, 2.00, 0.30) |" in table
-    assert "| faiss | 1 | 1.00 (1.00, 1.00, 1.00) |" in table
-
-
 @pytest.mark.parametrize("world", [2, 3])
 def test_shard_work_models_the_sharded_search(world: int) -> None:
     """The searches ``bench_shard_work`` times, merged per rank, are the whole search's top K: the model leaves no
