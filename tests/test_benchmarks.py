@@ -11,7 +11,8 @@ import torch
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def _load(name: str) -> ModuleType:
+def load_benchmark(name: str) -> ModuleType:
+    """The script ``benchmarks/{name}.py`` imported as a module (``benchmarks/`` is not a package)."""
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -22,11 +23,11 @@ def _load(name: str) -> ModuleType:
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    return _load("bench_retrieval")
+    return load_benchmark("bench_retrieval")
 
 
 def test_clustered_embeddings_are_seeded_unit_rows_with_balanced_classes() -> None:
-    common = _load("_common")
+    common = load_benchmark("_common")
     x, labels = common.clustered_embeddings(1000, "per_class20", seed=3)
     again, _ = common.clustered_embeddings(1000, "per_class20", seed=3)
     assert x.shape == (1000, 128) and x.dtype == torch.float32
@@ -85,8 +86,8 @@ def test_paired_threads_take_one_worker_per_method(bench: ModuleType, capsys: py
 def test_shard_work_models_the_sharded_search(world: int) -> None:
     """The searches ``bench_shard_work`` times, merged per rank, are the whole search's top K: the model leaves no
     pair out and computes none twice to get there."""
-    common = _load("_common")  # the benchmark imports it by this name
-    work = _load("bench_shard_work")
+    common = load_benchmark("_common")  # the benchmark imports it by this name
+    work = load_benchmark("bench_shard_work")
     n = 1500
     seconds, merged = work.decomposition(n, world)()
     assert set(seconds) == set(work.PARTS) and all(value >= 0 for value in seconds.values())
@@ -105,8 +106,8 @@ def test_shard_work_models_the_sharded_search(world: int) -> None:
 def test_ddp_measures_sharded_families_identical_to_one_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """bench_ddp's measuring function on 2 gloo ranks, no timing asserted: positive times, identical values."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))  # the spawned ranks import the benchmark and _common by name
-    _load("_common")
-    ddp = _load("bench_ddp")
+    load_benchmark("_common")
+    ddp = load_benchmark("bench_ddp")
     for family in ("pairs", "contrastive"):
         records = ddp.measure(family, 600, ranks=(2,), rounds=1, memory=False)
         assert [(r["family"], r["ranks"], r["round"]) for r in records] == [(family, 1, 0), (family, 2, 0)]

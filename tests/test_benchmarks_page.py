@@ -7,30 +7,21 @@ compared with what is committed.
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from tests.test_benchmarks import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 
 
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def make_page() -> ModuleType:
-    return _load("make_page")
+    return load_benchmark("make_page")
 
 
 def test_committed_page_is_what_the_results_generate(make_page: ModuleType, tmp_path: Path) -> None:
