@@ -245,3 +245,9 @@ def test_guide_code_runs_and_prints_what_it_says(page: Path, tmp_path: Path, mon
             exec(compile(code, f"{page.name} block {number}", "exec"), namespace)
         printed = " ".join(out.getvalue().split())
         assert printed == _printed(code), f"{page.name} block {number} printed:\n{out.getvalue()}"
+
+
+def test_readme_test_command_is_the_one_ci_runs() -> None:
+    ci_command = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
+    readme_blocks = re.findall(r"```bash\n(.*?)\n```", (ROOT / "README.md").read_text(), flags=re.DOTALL)
+    assert ci_command in readme_blocks
