@@ -301,7 +301,7 @@ def reproduce() -> list[str]:
         "## How to reproduce",
         "",
         "```",
-        "python benchmarks/run_all.py            # every results file, about 30 minutes on 2 cores",
+        "python benchmarks/run_all.py            # every results file, about 40 minutes on 2 cores",
         "python benchmarks/run_all.py --quick    # tiny sizes, checks the plumbing in a few minutes",
         "python benchmarks/make_page.py          # this page, its plots and the README's headline figures",
         "```",

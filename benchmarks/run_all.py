@@ -1,6 +1,6 @@
 """Run every benchmark the page needs and write its results files under ``benchmarks/results/``.
 
-    python benchmarks/run_all.py                 # the full sweep: about 30 minutes on 2 cores
+    python benchmarks/run_all.py                 # the full sweep: about 40 minutes on 2 cores
     python benchmarks/run_all.py --quick         # tiny sizes, a few minutes: checks the plumbing only
     python benchmarks/run_all.py --only verification cross_modal
     python benchmarks/make_page.py               # then regenerate benchmarks/README.md and its plots
