@@ -1,15 +1,23 @@
 """Run a function in real processes joined by torch.distributed (gloo on CPU), with a deadline.
 
-``run_distributed(fn, world_size, out_dir, *args)`` starts ``world_size`` processes; each calls
-``fn(rank, world_size, *args)`` inside an initialised process group and saves what it returns to
-``out_dir/rank{r}.pt``; the caller gets the list of the ranks' results. A process that hangs or fails
-makes the test fail (the others are terminated) instead of blocking the suite.
+``run_distributed(fn, world_size, out_dir, *args)`` has ``world_size`` processes each call
+``fn(rank, world_size, *args)`` inside a freshly initialised process group and save what it returns to
+``out_dir/rank{r}.pt``; the caller gets the list of the ranks' results. A process that hangs or fails makes
+the test fail (every process is terminated) instead of blocking the suite.
+
+The processes stay up between the runs of one test module: starting one costs seconds of imports (torch,
+torchmetrics, the compiled kernels' cache), more than most runs. Each run still gets its own process group
+(a new port, destroyed at the end), so the runs share only module-level state of the test module itself; a
+run of another module's function starts new processes.
 """
 
 from __future__ import annotations
 
+import atexit
+import queue
 import socket
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,8 +33,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _worker(rank: int, world_size: int, port: int, out_dir: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-    torch.set_num_threads(1)
+def _run(rank: int, world_size: int, port: int, out_dir: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     try:
         result = fn(rank, world_size, *args)
@@ -36,18 +43,97 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str, fn: Callable[..
         dist.destroy_process_group()
 
 
+def _serve(rank: int, tasks: Any, replies: Any) -> None:
+    """A pool process: runs the tasks it is given as ``rank`` until it gets None."""
+    torch.set_num_threads(1)
+    while (task := tasks.get()) is not None:
+        try:
+            _run(rank, *task)
+            replies.put((rank, None))
+        except BaseException:
+            replies.put((rank, traceback.format_exc()))
+
+
+class _Pool:
+    """Processes ``0 .. n-1`` waiting for tasks, all serving the functions of one module."""
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+        self.context = mp.get_context("spawn")
+        self.replies = self.context.Queue()
+        self.workers: list[tuple[Any, Any]] = []  # (process, its task queue)
+
+    def grow(self, size: int) -> None:
+        while len(self.workers) < size:
+            tasks = self.context.SimpleQueue()
+            process = self.context.Process(target=_serve, args=(len(self.workers), tasks, self.replies), daemon=True)
+            process.start()
+            self.workers.append((process, tasks))
+
+    def run(
+        self, fn: Callable[..., Any], world_size: int, out_dir: Path, args: tuple[Any, ...], timeout: float
+    ) -> None:
+        self.grow(world_size)
+        port = free_port()
+        for _, tasks in self.workers[:world_size]:
+            tasks.put((world_size, port, str(out_dir), fn, args))
+        deadline, pending = time.monotonic() + timeout, set(range(world_size))
+        while pending:
+            try:
+                rank, failure = self.replies.get(timeout=1.0)
+            except queue.Empty:
+                dead = [r for r in pending if not self.workers[r][0].is_alive()]
+                if dead:
+                    raise RuntimeError(f"process {dead[0]} of {fn.__name__} died") from None
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"distributed run of {fn.__name__} with {world_size} processes took over {timeout} s"
+                    ) from None
+                continue
+            if failure is not None:
+                raise RuntimeError(f"rank {rank} of {fn.__name__} failed:\n{failure}")
+            pending.discard(rank)
+
+    def close(self) -> None:
+        for process, tasks in self.workers:
+            if process.is_alive():
+                tasks.put(None)
+        for process, _ in self.workers:
+            process.join(timeout=5.0)
+            if process.is_alive():
+                process.terminate()
+
+
+_pool: _Pool | None = None
+
+
+def _close_pool() -> None:
+    global _pool
+    if _pool is not None:
+        _pool.close()
+        _pool = None
+
+
+atexit.register(_close_pool)
+
+
 def run_distributed(
     fn: Callable[..., Any], world_size: int, out_dir: Path, *args: Any, timeout: float = 180.0
 ) -> list[Any]:
     """Run ``fn`` on ``world_size`` gloo processes and return each rank's result (rank order)."""
-    context = mp.spawn(_worker, args=(world_size, free_port(), str(out_dir), fn, args), nprocs=world_size, join=False)
-    deadline = time.monotonic() + timeout
-    while not context.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                if process.is_alive():
-                    process.terminate()
-            raise TimeoutError(f"distributed run of {fn.__name__} with {world_size} processes took over {timeout} s")
+    global _pool
+    if _pool is not None and _pool.module != fn.__module__:
+        _close_pool()
+    if _pool is None:
+        _pool = _Pool(fn.__module__)
+    try:
+        _pool.run(fn, world_size, out_dir, args, timeout)
+    except BaseException:
+        # a failed or hung rank leaves the others inside a collective: start afresh
+        for process, _ in _pool.workers:
+            process.terminate()
+        _pool = None
+        raise
     return [torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(world_size)]
 
 
