@@ -6,6 +6,7 @@ interpreter (for example a scratch venv holding open-metric-learning) and still 
 
 from __future__ import annotations
 
+import ctypes
 import re
 import time
 from collections.abc import Callable
@@ -74,8 +75,19 @@ def _status_kib(field: str) -> int:
     return int(match.group(1))
 
 
+def _release_freed_memory() -> None:
+    # glibc keeps freed blocks for reuse: without handing them back, a call measured after another one in the
+    # same process would allocate inside the RSS already counted, and its peak above that RSS would read low.
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to hand back
+        pass
+
+
 def reset_peak_memory() -> bool:
-    """Reset the process's peak RSS (VmHWM) to its current RSS; False where the kernel does not allow it."""
+    """Reset the process's peak RSS (VmHWM) to its current RSS, after handing freed heap memory back to the
+    system; False where the kernel does not allow the reset."""
+    _release_freed_memory()
     try:
         _CLEAR_REFS.write_text("5")
     except OSError:

@@ -64,11 +64,16 @@ def version(name: str) -> str | None:
 
 
 def _commit() -> str | None:
-    """The git commit of the benchmarked tree (with ``+dirty`` when it has uncommitted changes)."""
+    """The git commit of the benchmarked tree, with ``+dirty`` when its code has uncommitted changes."""
     root = Path(__file__).resolve().parents[1]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True)
+        # the results and plots a sweep writes as it goes are not changes of the benchmarked code
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results", ":!*.png"],
+            cwd=root,
+            capture_output=True,
+        )
     except OSError:
         return None
     if head.returncode != 0:
