@@ -7,8 +7,8 @@ the test fail (every process is terminated) instead of blocking the suite.
 
 The processes stay up between the runs of one test module: starting one costs seconds of imports (torch,
 torchmetrics, the compiled kernels' cache), more than most runs. Each run still gets its own process group
-(a new port, destroyed at the end), so the runs share only module-level state of the test module itself; a
-run of another module's function starts new processes.
+(a new port, destroyed at the end), and what a run rebinds in the modules of the package and of the tests is
+undone after it; a run of another module's function starts new processes.
 """
 
 from __future__ import annotations
@@ -16,15 +16,19 @@ from __future__ import annotations
 import atexit
 import queue
 import socket
+import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+_OURS = ("torchmetrics_retrieval", "tests")
 
 
 def free_port() -> int:
@@ -33,10 +37,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@contextmanager
+def _module_globals_restored() -> Iterator[None]:
+    """Undo what a run rebinds in the package's and the tests' modules (a patched function, a smaller block
+    constant): the next run in this process must start as a fresh process would, and as the other ranks do."""
+    saved = {name: dict(vars(module)) for name, module in list(sys.modules.items()) if name.startswith(_OURS)}
+    try:
+        yield
+    finally:
+        for name, namespace in saved.items():  # names added meanwhile (submodules imported) stay
+            vars(sys.modules[name]).update(namespace)
+
+
 def _run(rank: int, world_size: int, port: int, out_dir: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     try:
-        result = fn(rank, world_size, *args)
+        with _module_globals_restored():
+            result = fn(rank, world_size, *args)
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
         dist.barrier()
     finally:
@@ -91,8 +108,21 @@ class _Pool:
                     ) from None
                 continue
             if failure is not None:
-                raise RuntimeError(f"rank {rank} of {fn.__name__} failed:\n{failure}")
+                raise RuntimeError(self._failures(fn, {rank: failure}))
             pending.discard(rank)
+
+    def _failures(self, fn: Callable[..., Any], failures: dict[int, str]) -> str:
+        """Every rank's failure, those that follow the first one within seconds included: the rank that failed
+        first in time is not always the one whose reply comes first (its peers see the connection close)."""
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            try:
+                rank, failure = self.replies.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if failure is not None:
+                failures[rank] = failure
+        return "\n".join(f"rank {rank} of {fn.__name__} failed:\n{failures[rank]}" for rank in sorted(failures))
 
     def close(self) -> None:
         for process, tasks in self.workers:

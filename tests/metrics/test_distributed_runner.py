@@ -1,5 +1,5 @@
-"""The test harness of real gloo processes: results in rank order, a failing rank fails the run at once, and the
-processes kept between runs start afresh after a failure."""
+"""The test harness of real gloo processes: results in rank order, what a run rebinds in the modules undone before
+the next run, a failing rank failing the run at once, and new processes after a failure."""
 
 from __future__ import annotations
 
@@ -12,12 +12,19 @@ import torch
 import torch.distributed as dist
 
 from tests.metrics._distributed import run_distributed
+from torchmetrics_retrieval.metrics._sharded import search as shard_search
 
 
 def _sum_of_ranks(rank: int, world_size: int) -> tuple[int, int, int]:
     total = torch.tensor([rank])
     dist.all_reduce(total)
     return rank, int(total), os.getpid()
+
+
+def _shrink_visiting_blocks(rank: int, world_size: int) -> int:
+    seen = shard_search.VISIT_ROWS
+    shard_search.VISIT_ROWS = 2  # as a scenario does for several visiting blocks
+    return seen
 
 
 def _rank_one_fails(rank: int, world_size: int) -> None:
@@ -27,6 +34,9 @@ def _rank_one_fails(rank: int, world_size: int) -> None:
 
 
 def test_results_in_rank_order_and_a_failing_rank_fails_the_run(tmp_path: Path) -> None:
+    original = shard_search.VISIT_ROWS
+    assert run_distributed(_shrink_visiting_blocks, 2, tmp_path) == [original, original]
+    assert run_distributed(_shrink_visiting_blocks, 2, tmp_path) == [original, original]  # the rebinding was undone
     first = run_distributed(_sum_of_ranks, 3, tmp_path)
     assert [(rank, total) for rank, total, _ in first] == [(0, 3), (1, 3), (2, 3)]
     again = run_distributed(_sum_of_ranks, 2, tmp_path)
