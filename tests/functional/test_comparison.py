@@ -103,36 +103,25 @@ def test_randomization_matches_exact_enumeration(d: np.ndarray) -> None:
 
 
 def test_randomization_agrees_with_ranx_fisher() -> None:
-    import ranx  # a test dependency: imported here, as it takes seconds
+    # ranx's own Fisher randomization test (what `ranx.compare(..., stat_test="fisher")` runs on the per-query
+    # values), called directly: the rest of ranx would only add seconds of compilation. Per-query values in
+    # eighths (precision@8 of queries with eight relevant items) over 64 queries: ranx compares |mean
+    # differences| without any tolerance, so rounding would split the many exact ties of such discrete values at
+    # random; eighths make every sum and mean exact in both implementations, and ties count alike.
+    from ranx.statistical_tests.fisher_randomization_test import fisher_randomization_test
 
-    # Per-query values reach ranx as precision@8: query q has eight relevant documents r0..r7 and a run ranks j of
-    # them above 8 - j irrelevant ones, so precision@8 = j / 8. ranx compares |mean differences| without any
-    # tolerance, so rounding would split the (many) exact ties of such discrete values at random; eighths and 64
-    # queries make every sum and mean exact in both implementations, and ties count alike.
     rng = np.random.default_rng(11)
     n_query, n_resamples = 64, 20000
     hits = {"a": rng.integers(0, 9, n_query)}
     hits["b"] = np.clip(hits["a"] + rng.integers(-2, 3, n_query), 0, 8)  # a small effect
     hits["c"] = np.clip(hits["a"] + rng.integers(-3, 4, n_query), 0, 8)
-    qids = [f"q{q:03d}" for q in range(n_query)]  # ranx orders queries by id
-    qrels = ranx.Qrels({qid: {f"r{i}": 1 for i in range(8)} for qid in qids})
-
-    def run(name: str) -> Any:
-        ranking = {}
-        for qid, j in zip(qids, hits[name].tolist(), strict=True):
-            ranking[qid] = {**{f"r{i}": 20.0 - i for i in range(j)}, **{f"n{i}": 10.0 - i for i in range(8 - j)}}
-        return ranx.Run(ranking, name=name)
-
-    runs = [run(name) for name in hits]
-    for r in runs:  # the construction gives the intended per-query values
-        values = ranx.evaluate(qrels, r, "precision@8", return_mean=False)
-        np.testing.assert_array_equal(values, hits[r.name] / 8)
-    report = ranx.compare(qrels, runs, "precision@8", stat_test="fisher", n_permutations=n_resamples)
     p_values = []
     for x, y in [("a", "b"), ("a", "c"), ("b", "c")]:
-        theirs = report.comparisons[x, y]["precision@8"]["p_value"]
-        values = {name: torch.from_numpy(hits[name] / 8) for name in (x, y)}
-        ours = compare_models(values[x], values[y], test="randomization", n_resamples=n_resamples)["p_value"].item()
+        values = {name: hits[name] / 8 for name in (x, y)}
+        theirs, _ = fisher_randomization_test(values[x], values[y], n_resamples)
+        ours = compare_models(
+            torch.from_numpy(values[x]), torch.from_numpy(values[y]), test="randomization", n_resamples=n_resamples
+        )["p_value"].item()
         p_values.append((ours, theirs))
         assert abs(ours - theirs) <= mc_tolerance((ours + theirs) / 2, n_resamples, n_resamples), (x, y)
     assert any(0.02 < theirs < 0.9 for _, theirs in p_values)  # at least one comparison away from 0 and 1
