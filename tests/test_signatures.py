@@ -4,17 +4,14 @@
 ``EmbeddingMetrics``, ``CrossModalRetrieval`` and ``FNMRAtFMR`` repeat its fields as parameters, so that editors,
 ``help()``, the API pages and mypy know them. These tests compare every such parameter with its field (order,
 annotation, default, keyword-only), every docstring's Args entries with the parameters and the fields' help, and
-``OptionArguments`` (the type of the overloads' ``**options``) with the fields; then mypy must refuse a misspelt
-option at each entry point.
+``OptionArguments`` (the type of the overloads' ``**options``) with the fields. That mypy refuses a misspelt option
+at each entry point is checked in ``test_code_quality.py``, within the suite's one mypy run.
 """
 
 from __future__ import annotations
 
 import inspect
-import os
 import re
-import subprocess
-import sys
 from dataclasses import Field
 from pathlib import Path
 from typing import Any
@@ -121,59 +118,3 @@ def test_a_misspelt_option_fails_at_run_time_naming_it() -> None:
     for metric_class in (EmbeddingMetrics, CrossModalRetrieval, FNMRAtFMR):
         with pytest.raises(ValueError, match="Unexpected keyword arguments: `cmc_topk`"):
             metric_class(cmc_topk=(1,))  # type: ignore[call-arg]
-
-
-# Calls mypy must accept (two of them reveal the return types of the overloads of retrieval_metrics) ...
-ACCEPTED = """\
-import torch
-
-from torchmetrics_retrieval import CrossModalRetrieval, EmbeddingMetrics, FNMRAtFMR
-from torchmetrics_retrieval.functional import retrieval_metrics
-
-x, y = torch.zeros(3, 2), torch.zeros(3)
-reveal_type(retrieval_metrics(x, y, cmc_top_k=1, distance="cosine", fmr_vals=[0.1]))
-reveal_type(retrieval_metrics(x, y, return_per_query=True, mrr=True))
-EmbeddingMetrics(cmc_top_k=[1, 5], confidence_level=0.95, prefix="val/", compute_on_cpu=True)
-CrossModalRetrieval(recall_top_k=(1, 5), sync_on_compute=False)
-FNMRAtFMR(fmr_vals=0.01, roc_auc=True)
-"""
-# ... and calls with a misspelt option, one per line: misspelt keyword -> call.
-MISSPELT = {
-    "cmc_topk": "retrieval_metrics(x, y, cmc_topk=(1,))",
-    "map_at_k": "retrieval_metrics(x, y, return_per_query=True, map_at_k=5)",
-    "fmr_val": "EmbeddingMetrics(fmr_val=0.1)",
-    "recall_topk": "CrossModalRetrieval(recall_topk=(1,))",
-    "min_dcf_ptarget": "FNMRAtFMR(min_dcf_ptarget=0.5)",
-}
-
-
-MYPY = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), "--no-pretty"]
-
-
-@pytest.mark.slow  # about a minute: mypy reads torch
-def test_mypy_refuses_a_misspelt_option(tmp_path: Path) -> None:
-    calls = tmp_path / "calls.py"
-    calls.write_text(ACCEPTED + "\n".join(MISSPELT.values()) + "\n", encoding="utf-8")
-    run = subprocess.run(
-        [*MYPY, "--cache-dir", str(tmp_path / "mypy_cache"), str(calls)],
-        cwd=ROOT,  # the package of this checkout, not an installed one
-        env={**os.environ, "MYPYPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    reported: dict[int, list[str]] = {}  # line -> messages
-    for line in run.stdout.splitlines():
-        found = re.match(rf"{re.escape(str(calls))}:(\d+): (?:error|note): (.*)", line)
-        if found:
-            reported.setdefault(int(found[1]), []).append(found[2].replace("builtins.", ""))
-    metrics, with_per_query = (i for i, line in enumerate(ACCEPTED.splitlines(), 1) if line.startswith("reveal"))
-    first = len(ACCEPTED.splitlines()) + 1  # the line of the first misspelt call
-    assert set(reported) == {metrics, with_per_query, *range(first, first + len(MISSPELT))}, run.stdout + run.stderr
-    assert reported[metrics] == ['Revealed type is "dict[str, torch._tensor.Tensor]"']
-    assert reported[with_per_query][0].startswith('Revealed type is "tuple[dict[str, torch._tensor.Tensor], ')
-    assert reported[with_per_query][0].endswith('RetrievalResult | None]"')
-    for number, (keyword, call) in enumerate(MISSPELT.items(), start=first):
-        expected = f'Unexpected keyword argument "{keyword}" for '
-        entry_point = call.split("(")[0]
-        assert any(m.startswith(expected) and entry_point in m for m in reported[number]), reported[number]
