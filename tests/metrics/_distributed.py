@@ -107,19 +107,21 @@ class _Pool:
                         f"distributed run of {fn.__name__} with {world_size} processes took over {timeout} s"
                     ) from None
                 continue
-            if failure is not None:
-                raise RuntimeError(self._failures(fn, {rank: failure}))
             pending.discard(rank)
+            if failure is not None:
+                raise RuntimeError(self._failures(fn, {rank: failure}, pending))
 
-    def _failures(self, fn: Callable[..., Any], failures: dict[int, str]) -> str:
-        """Every rank's failure, those that follow the first one within seconds included: the rank that failed
-        first in time is not always the one whose reply comes first (its peers see the connection close)."""
+    def _failures(self, fn: Callable[..., Any], failures: dict[int, str], pending: set[int]) -> str:
+        """Every rank's failure, with the replies of the ranks still running (for a few seconds at most): the rank
+        that failed first in time is not always the one whose reply comes first (its peers see the connection
+        close)."""
         deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline:
+        while pending and time.monotonic() < deadline:
             try:
                 rank, failure = self.replies.get(timeout=0.5)
             except queue.Empty:
                 continue
+            pending.discard(rank)
             if failure is not None:
                 failures[rank] = failure
         return "\n".join(f"rank {rank} of {fn.__name__} failed:\n{failures[rank]}" for rank in sorted(failures))

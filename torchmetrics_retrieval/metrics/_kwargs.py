@@ -1,8 +1,7 @@
 """``MetricKwargs``: the keyword arguments of ``torchmetrics.Metric.__init__``, typed.
 
-The metric classes that list the retrieval options as parameters type their ``**kwargs`` with it: mypy then
-refuses a misspelt option, which torchmetrics would otherwise take for one of its own keywords (and refuse only
-at run time).
+The metric classes type their ``**kwargs`` with it: mypy then refuses a misspelt option, which torchmetrics would
+otherwise take for one of its own keywords (and refuse only at run time).
 """
 
 from __future__ import annotations
