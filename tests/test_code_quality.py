@@ -53,7 +53,7 @@ MISSPELT = {
 }
 
 
-@pytest.mark.slow  # about a minute: mypy reads torch, so the package and the calls share one run
+@pytest.mark.slow  # mypy reads torch (its parts the package uses), so the package and the calls share one run
 def test_mypy_passes_the_package_and_refuses_misspelt_options(tmp_path: Path) -> None:
     calls = tmp_path / "calls.py"
     calls.write_text(ACCEPTED + "\n".join(MISSPELT.values()) + "\n", encoding="utf-8")

@@ -41,7 +41,7 @@ def kernel_threads() -> int:
     import numba
 
     torch_threads = torch.get_num_threads()
-    n_threads = max(1, min(torch_threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
+    n_threads = max(1, min(torch_threads, numba.config.NUMBA_NUM_THREADS))
     numba.set_num_threads(n_threads)
     if torch.get_num_threads() != torch_threads:
         torch.set_num_threads(torch_threads)
