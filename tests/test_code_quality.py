@@ -58,8 +58,10 @@ def test_mypy_passes_the_package_and_refuses_misspelt_options(tmp_path: Path) ->
     calls = tmp_path / "calls.py"
     calls.write_text(ACCEPTED + "\n".join(MISSPELT.values()) + "\n", encoding="utf-8")
     # the package of this checkout (cwd and MYPYPATH), not an installed one
+    # a cache of its own: mypy would replay a cached run's findings on calls.py under that run's path
+    mypy = [sys.executable, "-m", "mypy", "--no-pretty", "--cache-dir", str(tmp_path / "cache")]
     result = subprocess.run(
-        [sys.executable, "-m", "mypy", "--no-pretty", "torchmetrics_retrieval", str(calls)],
+        [*mypy, "torchmetrics_retrieval", str(calls)],
         cwd=ROOT,
         env={**os.environ, "MYPYPATH": str(ROOT)},
         capture_output=True,
