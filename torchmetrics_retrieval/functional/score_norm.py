@@ -119,7 +119,7 @@ def _warn_shared_ids(embedding_ids: Any, cohort_ids: Any, rows: Tensor, n_rows: 
 
 
 def _cohort_statistics(
-    embeddings: Tensor, rows: Tensor, cohort: Tensor, distance: str, top_n: int | None, chunk_size: int | None
+    embeddings: Tensor, rows: Tensor, cohort: Tensor, distance: Distance, top_n: int | None, chunk_size: int | None
 ) -> tuple[Tensor, Tensor]:
     """``(mean, std)`` of the cohort scores of ``embeddings[rows]``, float64 ``(R,)`` each; population standard
     deviation; with ``top_n``, of each row's ``top_n`` highest cohort scores.
