@@ -125,59 +125,59 @@ def _cohort_statistics(
     deviation; with ``top_n``, of each row's ``top_n`` highest cohort scores.
 
     Rows are taken ``step`` at a time (no copy of every row), each step's cohort scores in blocks from
-    :func:`distance_blocks`; a block is reduced at once: to its mean and sum of squared deviations, merged with the
-    running ones (Chan et al.'s pairwise update, stable where E[x^2] - E[x]^2 is not), or to its ``top_n`` smallest
-    distances, merged with the running ``top_n``.
+    :func:`distance_blocks`, and each block is reduced at once: to its ``top_n`` smallest distances, merged with the
+    running ``top_n``; or to its mean and sum of squared deviations, merged with the running ones in float64 (the
+    pairwise update of Chan et al., free of the cancellation of E[x^2] - E[x]^2).
     """
-    n_cohort = cohort.shape[0]
+    n_cohort, device = cohort.shape[0], cohort.device
     step = block_sides(rows.numel(), n_cohort, chunk_size)[0]
     if top_n is not None:  # the running top_n of a step stays within one block's budget too
         step = max(1, min(step, plan.BLOCK_BYTES // (16 * top_n)))
-    mean = torch.empty(rows.numel(), dtype=torch.float64, device=cohort.device)
+    mean = torch.empty(rows.numel(), dtype=torch.float64, device=device)
     std = torch.empty_like(mean)
     for start in range(0, rows.numel(), step):
         chunk = embeddings[rows[start : start + step]]
         n = chunk.shape[0]
-        # Moments of the distances minus the row's first one (cohort item 0, or its nearest with top_n): equal
-        # distances then give exactly a zero spread, and the sums keep their precision.
-        shift = torch.zeros(n, dtype=torch.float64, device=cohort.device)
         if top_n is None:
-            count, shifted_mean, m2 = torch.zeros_like(shift), torch.zeros_like(shift), torch.zeros_like(shift)
+            # Distances minus the row's distance to cohort item 0: equal distances give exactly a zero spread.
+            shift = torch.zeros(n, dtype=chunk.dtype, device=device)
+            moments = torch.zeros(3, n, dtype=torch.float64, device=device)  # count, mean, sum of squared deviations
         else:
-            best = torch.full((n, top_n), float("inf"), dtype=chunk.dtype, device=cohort.device)
+            best = torch.full((n, top_n), float("inf"), dtype=chunk.dtype, device=device)
         for block in distance_blocks(chunk, cohort, distance=distance, chunk_size=chunk_size):
             rs, d = block.query_slice, block.distances
-            if top_n is None:
-                if block.gallery_slice.start == 0:
-                    shift[rs] = d[:, 0].to(torch.float64)
-                _merge_moments(count, shifted_mean, m2, rs, d.to(torch.float64) - shift[rs, None])
-            else:  # the highest scores are the smallest distances
+            if top_n is not None:  # the highest scores are the smallest distances
                 candidates = torch.cat([best[rs], d.topk(min(top_n, d.shape[1]), dim=1, largest=False).values], 1)
                 best[rs] = candidates.topk(top_n, dim=1, largest=False).values
+                continue
+            if block.gallery_slice.start == 0:
+                shift[rs] = d[:, 0]
+            # In place: each block is a new tensor, ours alone (a fresh one would cost more than the reductions).
+            d.sub_(shift[rs, None])
+            block_mean = d.sum(dim=1) / d.shape[1]
+            block_m2 = torch.linalg.vector_norm(d.sub_(block_mean[:, None]), dim=1).square()
+            _merge_moments(moments[:, rs], d.shape[1], block_mean.to(torch.float64), block_m2.to(torch.float64))
         if top_n is None:
-            chunk_mean, chunk_var = shift + shifted_mean, m2 / count
-        else:
+            chunk_mean, chunk_var = shift.to(torch.float64) + moments[1], moments[2] / moments[0]
+        else:  # a few columns per row: float64 directly, around the row's highest score for the same exact zero
             best64 = best.to(torch.float64)
-            shift = best64[:, 0]
-            shifted_mean = (best64 - shift[:, None]).mean(dim=1)
-            chunk_mean = shift + shifted_mean
-            chunk_var = (best64 - shift[:, None] - shifted_mean[:, None]).square().mean(dim=1)
+            shifted = best64 - best64[:, :1]
+            chunk_mean = best64[:, 0] + shifted.mean(dim=1)
+            chunk_var = (shifted - shifted.mean(dim=1, keepdim=True)).square().mean(dim=1)
         mean[start : start + n] = -chunk_mean  # scores are minus the distances: same spread, opposite mean
         std[start : start + n] = chunk_var.sqrt()
     return mean, std
 
 
-def _merge_moments(count: Tensor, mean: Tensor, m2: Tensor, rs: slice, d: Tensor) -> None:
-    """Merge the columns of block ``d`` into the running count, mean and sum of squared deviations of rows ``rs``."""
-    n_block = d.shape[1]
-    block_mean = d.mean(dim=1)
-    block_m2 = (d - block_mean[:, None]).square().sum(dim=1)
-    n_before = count[rs]
-    total = n_before + n_block
-    delta = block_mean - mean[rs]
-    mean[rs] += delta * (n_block / total)
-    m2[rs] += block_m2 + delta.square() * (n_before * n_block / total)
-    count[rs] = total
+def _merge_moments(moments: Tensor, n_block: int, block_mean: Tensor, block_m2: Tensor) -> None:
+    """Merge a block's mean and sum of squared deviations (over ``n_block`` columns) into the running
+    ``(count, mean, sum of squared deviations)`` rows of ``moments``, in place."""
+    count, mean, m2 = moments
+    total = count + n_block
+    delta = block_mean - mean
+    mean += delta * (n_block / total)
+    m2 += block_m2 + delta.square() * (count * n_block / total)
+    count += n_block  # last: the updates above read the count before this block
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -217,9 +217,11 @@ def normalize_scores(
       statistics are the same.
 
     Where a side's spread :math:`\sigma` is 0 (a cohort of one item, ``top_n=1``, or all cohort scores equal) the
-    normalised score is NaN, with a ``UserWarning`` that counts those trials. Statistics are computed in float64
-    from the blocked distances of :func:`distance_blocks` (float32 matmul for float32 inputs), for the embeddings
-    on a normalised side of a trial only, and block by block: memory is a few blocks of rows x cohort items.
+    normalised score is NaN, with a ``UserWarning`` that counts those trials. The statistics come from the blocked
+    distances of :func:`distance_blocks` (float32 matmul for float32 inputs), for the embeddings on a normalised side
+    of a trial only: each block is reduced in its own dtype and the blocks are merged in float64, so memory is a few
+    blocks of rows x cohort items. The cost is about one pass of :func:`distance_blocks` over those rows (more with
+    ``"as"``, for the ``top_n`` selection).
 
     Args:
         scores: ``(T,)`` floating, finite: minus the distance of each trial's two embeddings.
