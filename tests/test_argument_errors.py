@@ -398,6 +398,7 @@ FUNCTIONS: dict[str, Entry] = {
             bad("scores 2-D", "scores", scores=torch.zeros(4, 1)),
             bad("scores int", "scores", scores=torch.zeros(4, dtype=torch.long)),
             bad("scores NaN", "scores", scores=torch.tensor([0.0, float("nan"), 0.0, 0.0])),
+            bad("scores positive with cosine", "scores", scores=torch.full((4,), 0.5)),
             bad("enrol_index out of range", "enrol_index", enrol_index=torch.tensor([0, 1, 2, 6])),
             bad("enrol_index negative", "enrol_index", enrol_index=torch.tensor([0, -1, 2, 3])),
             bad("test_index float", "test_index", test_index=torch.tensor([1.0, 2.0, 3.0, 4.0])),

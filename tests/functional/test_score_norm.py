@@ -227,6 +227,16 @@ def test_shared_ids_warn_with_the_count() -> None:
         )
 
 
+def test_scores_of_minus_a_distance_may_round_above_zero_and_dot_scores_have_any_sign() -> None:
+    x, cohort, enrol, test = random_case(10, torch.float32, n=6, n_cohort=5, n_trials=4)
+    slightly_positive = torch.full((4,), 1e-6)
+    assert normalize_scores(slightly_positive, x, enrol, test, cohort, method="z").isfinite().all()
+    dot_scores = trial_scores(x, enrol, test, "dot") + 10  # far above 0: fine for dot
+    result, expected = run(x, cohort, enrol, test, "s", None, "dot")
+    assert normalize_scores(dot_scores, x, enrol, test, cohort, method="s", distance="dot").isfinite().all()
+    np.testing.assert_allclose(result.double().numpy(), expected, rtol=2e-6, atol=2e-6)
+
+
 def test_empty_trial_list() -> None:
     x, cohort, _, _ = random_case(8, torch.float32)
     empty = torch.zeros(0, dtype=torch.long)
@@ -248,6 +258,8 @@ GOOD = {"scores": torch.zeros(4), "embeddings": X, "enrol_index": ENROL, "test_i
         ({"method": "as", "top_n": 2.0}, TypeError, r"`top_n` must be an int >= 1"),
         ({"top_n": 3}, ValueError, r"`top_n` is used by method='as' only, got top_n=3 with method='z'"),
         ({"distance": "l1"}, ValueError, r"`distance` must be one of"),
+        ({"scores": torch.full((4,), 0.8)}, ValueError, r"`scores` must be minus the cosine distance \(cos - 1, not"),
+        ({"scores": torch.ones(4), "distance": "euclidean"}, ValueError, r"`scores` must be minus the euclidean"),
         ({"chunk_size": 0}, ValueError, r"`chunk_size`"),
         ({"scores": torch.zeros(3)}, ValueError, r"`enrol_index` must have 3 rows like `scores`"),
         ({"scores": torch.zeros(4, 1)}, ValueError, r"`scores` must be 1-D"),

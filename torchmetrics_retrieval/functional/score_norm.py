@@ -60,6 +60,24 @@ def _check_scores(value: Any) -> Tensor:
     return value
 
 
+#: Largest score accepted as minus a distance that is never negative: rounding leaves cos - 1 a little above 0.
+_SCORE_SLACK = 1e-3
+
+
+def _check_score_sign(scores: Tensor, distance: str) -> None:
+    """Scores that are distances, or cosine similarities, instead of minus the distance would be normalised against
+    cohort scores of the other sign or offset, silently: refuse them where the distance is never negative."""
+    if distance == "dot" or not scores.numel():
+        return
+    largest = float(scores.max())
+    if largest > _SCORE_SLACK:
+        hint = " (cos - 1, not the cosine similarity)" if distance == "cosine" else ""
+        raise ValueError(
+            f"`scores` must be minus the {distance} distance{hint}, which is never positive, "
+            f"got a largest score of {largest:.6g}."
+        )
+
+
 def _check_index(name: str, value: Any, n_trials: int, n_rows: int, device: torch.device) -> Tensor:
     """Row positions of ``embeddings``, one per trial, as int64 on ``device``."""
     if not isinstance(value, Tensor):
@@ -204,7 +222,8 @@ def normalize_scores(
     Trial ``i`` compares rows ``enrol_index[i]`` and ``test_index[i]`` of ``embeddings``, and ``scores[i]`` must be
     minus their ``distance`` (a higher score means more alike), on the scale of the cohort scores, which are
     minus the distance too. For ``"cosine"`` that is :math:`\cos - 1`, not the cosine similarity itself: the
-    normalisation subtracts a cohort mean, so both must share the offset.
+    normalisation subtracts a cohort mean, so both must share the offset. Except for ``"dot"`` such scores are
+    never positive, and a score above ``1e-3`` is refused (distances, or similarities, passed by mistake).
 
     With :math:`\mu(x)`, :math:`\sigma(x)` the mean and the population standard deviation of the cohort scores of
     embedding :math:`x` (minus its distances to every row of ``cohort``):
@@ -269,6 +288,7 @@ def normalize_scores(
         raise ValueError(f"`cohort` must be on the device of `embeddings` ({embeddings.device}), got {cohort.device}.")
     check_choice("method", method, SCORE_NORMS)
     check_choice("distance", distance, DISTANCES)
+    _check_score_sign(scores, distance)
     top_n = _check_top_n(method, top_n, cohort.shape[0])
     if chunk_size is not None:
         check_positive_int("chunk_size", chunk_size)
