@@ -22,7 +22,9 @@ from torchmetrics_retrieval.functional.retrieval import (
     retrieval_metrics,
     retrieval_per_query,
 )
+from torchmetrics_retrieval.functional.score_norm import normalize_scores
 from torchmetrics_retrieval.functional.search import DistanceBlock, KNNResult, distance_blocks, knn, knn_chunks
+from torchmetrics_retrieval.functional.templates import pool_templates
 from torchmetrics_retrieval.functional.topology import alignment, covariance_sums, pcf, pcf_from_sums, uniformity
 from torchmetrics_retrieval.functional.verification import det_curve, fnmr_at_fmr, fnmr_at_fmr_from_distances
 
@@ -53,8 +55,10 @@ __all__ = [
     "map_at_r",
     "masked_mean",
     "ndcg_at_k",
+    "normalize_scores",
     "pcf",
     "pcf_from_sums",
+    "pool_templates",
     "precision_at_k",
     "r_precision",
     "recall_at_k",
