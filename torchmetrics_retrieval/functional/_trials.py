@@ -264,10 +264,11 @@ def _min_cllr(scores: Tensor, is_target: Tensor) -> Tensor:
     importlib.import_module("torchmetrics_retrieval.functional._pav").pav(targets.numpy(), totals.numpy(), fitted)
     q = torch.from_numpy(fitted)
     n_target, n_non = int(flags.sum()), int(flags.numel() - flags.sum())
-    odds_ratio = n_non / n_target  # 1 / (P / N): the prior odds the posterior is divided by
+    prior_odds = n_target / n_non  # P / N: the calibrated LLR is logit(q) - log(P / N)
     non_targets = totals - targets
-    # target cost log(1 + (1 - q) / q * N / P), non-target cost log(1 + q / (1 - q) * P / N); only where they occur
-    tar_cost = torch.where(targets > 0, torch.log1p((1 - q) / q.clamp(min=1e-300) * odds_ratio), 0.0)
-    non_cost = torch.where(non_targets > 0, torch.log1p(q / (1 - q).clamp(min=1e-300) / odds_ratio), 0.0)
+    # target cost log(1 + e^-llr) = log(1 + (1 - q) / q * P / N), non-target cost log(1 + q / (1 - q) * N / P);
+    # only where they occur (q > 0 in a block holding a target, q < 1 in a block holding a non-target)
+    tar_cost = torch.where(targets > 0, torch.log1p((1 - q) / q.clamp(min=1e-300) * prior_odds), 0.0)
+    non_cost = torch.where(non_targets > 0, torch.log1p(q / (1 - q).clamp(min=1e-300) / prior_odds), 0.0)
     total = (targets * tar_cost).sum() / n_target + (non_targets * non_cost).sum() / n_non
     return total / (2 * math.log(2))
