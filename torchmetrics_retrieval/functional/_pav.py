@@ -16,7 +16,7 @@ njit = numba.njit(cache=True, nogil=True)
 
 
 @njit
-def pav(targets, totals, fitted):  # type: ignore[no-untyped-def]
+def pav(targets, totals, fitted):
     """Write into ``fitted`` (float64, one per group) the target rate of the block each group ends up in."""
     n = targets.size
     block_targets = np.empty(n, dtype=np.int64)
