@@ -10,29 +10,22 @@ int64, and rates are compared by cross-multiplying them, so that no rounding dec
 from __future__ import annotations
 
 import numba
-import numpy as np
 
 njit = numba.njit(cache=True, nogil=True)
 
 
 @njit
-def pav(targets, totals, fitted):
-    """Write into ``fitted`` (float64, one per group) the target rate of the block each group ends up in."""
-    n = targets.size
-    block_targets = np.empty(n, dtype=np.int64)
-    block_totals = np.empty(n, dtype=np.int64)
-    block_start = np.empty(n, dtype=np.int64)
+def pav(targets, totals, block_targets, block_totals):
+    """Pool the groups into blocks of non-decreasing target rate; write each block's targets and trials into
+    ``block_targets`` and ``block_totals`` (int64, as long as the groups) and return the number of blocks. The
+    cost of the fit is a function of the blocks alone, which are often far fewer than the groups."""
     top = -1
-    for g in range(n):
+    for g in range(targets.size):
         top += 1
-        block_targets[top], block_totals[top], block_start[top] = targets[g], totals[g], g
+        block_targets[top], block_totals[top] = targets[g], totals[g]
         # rate[top - 1] >= rate[top]: the two blocks violate the order (or tie), merge them
         while top > 0 and block_targets[top - 1] * block_totals[top] >= block_targets[top] * block_totals[top - 1]:
             block_targets[top - 1] += block_targets[top]
             block_totals[top - 1] += block_totals[top]
             top -= 1
-    for b in range(top + 1):
-        end = block_start[b + 1] if b < top else n
-        rate = block_targets[b] / block_totals[b]
-        for g in range(block_start[b], end):
-            fitted[g] = rate
+    return top + 1

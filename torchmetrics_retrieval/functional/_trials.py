@@ -181,19 +181,22 @@ def score_values(scores: Tensor, is_target: Tensor, request: TrialRequest) -> di
     fmr_vals, rates, roc_auc, cllr, act_p, far_rule = request
     # the distances of the all-pairs path (its rule: accept a pair at distance <= t), a positive pair a target trial
     source, buckets = _given_distances(-scores[is_target], -scores[~is_target])
+    pos, neg = (block.distances for block in source())
+    nearest = far_rule == "nearest_roc_point" and bool(fmr_vals)
+    tied = _tied_counts(pos, neg) if nearest or cllr else None
     out: dict[str, Tensor] = {}
-    exact = fmr_vals if far_rule == "exact" else ()
+    exact = () if nearest else fmr_vals
     if exact or rates.eer or rates.p_targets:
         found = statistics(source, buckets, exact, rates, scores.device)
         out.update(statistics_keys(found, exact))
-    if far_rule == "nearest_roc_point" and fmr_vals:
-        tar = _nearest_roc_tar(scores, is_target, fmr_vals)
+    if nearest:
+        assert tied is not None
+        tar = _nearest_roc_tar(*tied[1:], fmr_vals).to(scores.device)
         out = {
             **{f"fnmr@fmr/{f}": 1 - tar[i] for i, f in enumerate(fmr_vals)},
             **{f"tar@far/{f}": tar[i] for i, f in enumerate(fmr_vals)},
             **out,
         }
-    pos, neg = (block.distances for block in source())
     if roc_auc:  # the placement of the all-pairs path: positives strictly closer, and ties counting one half
         below, equal = _Positives(pos).place(neg)
         area = (below + 0.5 * equal) / (pos.numel() * neg.numel())
@@ -202,29 +205,41 @@ def score_values(scores: Tensor, is_target: Tensor, request: TrialRequest) -> di
     for p in act_p:
         out[f"act_dcf/{p}"] = _act_dcf(llr_tar, llr_non, p, rates.costs).to(torch.float32)
     if cllr:
+        assert tied is not None
         out["cllr"] = _cllr(llr_tar, llr_non).to(torch.float32)
-        out["min_cllr"] = _min_cllr(scores, is_target).to(torch.float32).to(scores.device)
+        out["min_cllr"] = _min_cllr(*tied[1:]).to(device=scores.device, dtype=torch.float32)
     return out
 
 
-def _nearest_roc_tar(scores: Tensor, is_target: Tensor, fmr_vals: tuple[float, ...]) -> Tensor:
-    """TAR (float32, per FAR value) at the ROC point nearest it, as insightface's IJB tables read it.
+def _tied_counts(pos: Tensor, neg: Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct distances (ascending: from the highest score down) and, at each, the numbers of target and
+    non-target trials (int64). numpy's sorts of the values alone, far faster than an argsort, and a merge by
+    ``searchsorted`` of sorted values (its reads then go forward)."""
+    pos_sorted, neg_sorted = np.sort(pos.cpu().numpy()), np.sort(neg.cpu().numpy())
+    both = np.sort(np.concatenate([pos_sorted, neg_sorted]))
+    first = np.ones(both.size, dtype=np.bool_)
+    np.not_equal(both[1:], both[:-1], out=first[1:])
+    distinct = both[first]
+    n_tar = np.bincount(np.searchsorted(distinct, pos_sorted), minlength=distinct.size)
+    n_non = np.bincount(np.searchsorted(distinct, neg_sorted), minlength=distinct.size)
+    return distinct, n_tar, n_non
+
+
+def _nearest_roc_tar(n_tar: np.ndarray, n_non: np.ndarray, fmr_vals: tuple[float, ...]) -> Tensor:
+    """TAR (float32, per FAR value) at the ROC point nearest it, as insightface's IJB tables read it, from the trials'
+    counts at each distinct score, from the highest down (:func:`_tied_counts`).
 
     The points are scikit-learn's ``roc_curve`` (with its default ``drop_intermediate``): one per distinct score
     (accept the trials scoring at least that), the points inside a run of equal steps dropped, (0, 0) first. Ties in
     ``|FAR - f|`` go to the point of larger FAR (the rates' order from the most accepting point on, the first one
     found)."""
-    order = torch.argsort(scores, descending=True, stable=True)
-    sorted_scores, flags = scores[order], is_target[order]
-    last = torch.ones_like(flags)
-    last[:-1] = sorted_scores[1:] != sorted_scores[:-1]  # the last trial of each distinct score
-    tps = flags.cumsum(0)[last].to(torch.float64)
-    fps = (~flags).cumsum(0)[last].to(torch.float64)
+    tps = torch.from_numpy(n_tar).cumsum(0).to(torch.float64)
+    fps = torch.from_numpy(n_non).cumsum(0).to(torch.float64)
     if tps.numel() > 2:  # the middle of three points with equal steps lies on the line between the other two
         keep = torch.ones_like(tps, dtype=torch.bool)
         keep[1:-1] = (torch.diff(fps, 2) != 0) | (torch.diff(tps, 2) != 0)
         tps, fps = tps[keep], fps[keep]
-    zero = torch.zeros(1, dtype=torch.float64, device=scores.device)
+    zero = torch.zeros(1, dtype=torch.float64)
     far = torch.cat([zero, fps]) / fps[-1]
     tar = torch.cat([zero, tps]) / tps[-1]
     far, tar = far.flip(0), tar.flip(0)  # argmin returns the first of the nearest: the one of larger FAR
@@ -252,23 +267,23 @@ def _cllr(llr_tar: Tensor, llr_non: Tensor) -> Tensor:
     return (_softplus(-llr_tar).mean() + _softplus(llr_non).mean()) / (2 * math.log(2))
 
 
-def _min_cllr(scores: Tensor, is_target: Tensor) -> Tensor:
-    """Cllr after the best monotonic calibration: the target rate ``q`` of each PAV block (tied scores share one
-    block) is the posterior, at the empirical prior ``P / (P + N)``; the log-likelihood ratio is
-    ``logit(q) - log(P / N)``. A block of targets alone (``q = 1``) or non-targets alone (``q = 0``) costs nothing."""
-    distinct, group = torch.unique(scores.cpu(), sorted=True, return_inverse=True)
-    flags = is_target.cpu().long()
-    totals = torch.bincount(group, minlength=distinct.numel())
-    targets = torch.zeros_like(totals).index_add_(0, group, flags)
-    fitted = np.empty(distinct.numel(), dtype=np.float64)
-    importlib.import_module("torchmetrics_retrieval.functional._pav").pav(targets.numpy(), totals.numpy(), fitted)
-    q = torch.from_numpy(fitted)
-    n_target, n_non = int(flags.sum()), int(flags.numel() - flags.sum())
-    prior_odds = n_target / n_non  # P / N: the calibrated LLR is logit(q) - log(P / N)
-    non_targets = totals - targets
+def _min_cllr(n_tar: np.ndarray, n_non: np.ndarray) -> Tensor:
+    """Cllr after the best monotonic calibration, from the trials' counts at each distinct score, from the highest
+    down (:func:`_tied_counts`): the target rate ``q`` of each PAV block (tied scores share one block) is the
+    posterior, at the empirical prior ``P / (P + N)``; the log-likelihood ratio is ``logit(q) - log(P / N)``. A block
+    of targets alone (``q = 1``) or non-targets alone (``q = 0``) costs nothing."""
+    targets = n_tar[::-1].copy()  # ascending score (a copy: positive strides)
+    block_targets, block_totals = np.empty_like(targets), np.empty_like(targets)
+    kernel = importlib.import_module("torchmetrics_retrieval.functional._pav")
+    n_blocks = kernel.pav(targets, targets + n_non[::-1], block_targets, block_totals)
+    tar = torch.from_numpy(block_targets[:n_blocks])
+    non = torch.from_numpy(block_totals[:n_blocks]) - tar
+    q = tar / (tar + non)  # float64
+    n_target, n_nontarget = int(tar.sum()), int(non.sum())
+    prior_odds = n_target / n_nontarget  # P / N: the calibrated LLR is logit(q) - log(P / N)
     # target cost log(1 + e^-llr) = log(1 + (1 - q) / q * P / N), non-target cost log(1 + q / (1 - q) * N / P);
     # only where they occur (q > 0 in a block holding a target, q < 1 in a block holding a non-target)
-    tar_cost = torch.where(targets > 0, torch.log1p((1 - q) / q.clamp(min=1e-300) * prior_odds), 0.0)
-    non_cost = torch.where(non_targets > 0, torch.log1p(q / (1 - q).clamp(min=1e-300) / prior_odds), 0.0)
-    total = (targets * tar_cost).sum() / n_target + (non_targets * non_cost).sum() / n_non
+    tar_cost = torch.where(tar > 0, torch.log1p((1 - q) / q.clamp(min=1e-300) * prior_odds), 0.0)
+    non_cost = torch.where(non > 0, torch.log1p(q / (1 - q).clamp(min=1e-300) / prior_odds), 0.0)
+    total = (tar * tar_cost).sum() / n_target + (non * non_cost).sum() / n_nontarget
     return total / (2 * math.log(2))
