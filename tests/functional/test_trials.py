@@ -251,6 +251,24 @@ def test_chunk_size_does_not_change_the_values() -> None:
         assert trial_metrics(x, trials, chunk_size=chunk, **ALL) == whole
 
 
+def test_trial_scores_are_computed_a_block_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torchmetrics_retrieval.functional._trials as trials_module
+
+    sizes: list[int] = []
+    real = trials_module.canonical_distances
+
+    def recorded(problem: Any, rows: torch.Tensor, pair_rows: torch.Tensor, pair_cols: torch.Tensor) -> torch.Tensor:
+        sizes.append(pair_rows.numel())
+        return real(problem, rows, pair_rows, pair_cols)
+
+    monkeypatch.setattr(trials_module, "canonical_distances", recorded)
+    gen = torch.Generator().manual_seed(14)
+    x = torch.randn(60, 3, generator=gen)
+    trials = every_labelled_pair(torch.randint(0, 4, (60,), generator=gen))
+    trial_metrics(x, (trials[0].int(), trials[1].int(), trials[2]), eer=True, chunk_size=500)
+    assert sum(sizes) == trials[0].numel() and max(sizes) == 500
+
+
 # ---- bad input ---------------------------------------------------------------------------------------------------
 
 S = torch.tensor([0.3, 0.1, 0.9, -0.2])
