@@ -85,17 +85,18 @@ class TrialRequest(NamedTuple):
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-def _check_flags(name: str, value: Any, n: int, length_of: str) -> Tensor:
+def _check_flags(named: str, value: Any, n: int, length_of: str) -> Tensor:
+    """Target flags: bool, one per trial, both kinds present (``named``: how the messages name them)."""
     if not isinstance(value, Tensor):
-        raise TypeError(f"`{name}` must be a 1-D bool torch.Tensor, got {describe(value)}.")
+        raise TypeError(f"{named} must be a 1-D bool torch.Tensor, got {describe(value)}.")
     if value.dtype != torch.bool:
-        raise TypeError(f"`{name}` must have dtype torch.bool, got {describe(value)}.")
+        raise TypeError(f"{named} must have dtype torch.bool, got {describe(value)}.")
     if value.ndim != 1 or value.shape[0] != n:
-        raise ValueError(f"`{name}` must be 1-D with one flag per {length_of} ({n}), got {describe(value)}.")
+        raise ValueError(f"{named} must be 1-D with one flag per {length_of} ({n}), got {describe(value)}.")
     n_target = int(value.sum())
     if n_target == 0 or n_target == n:
         raise ValueError(
-            f"`{name}` must hold at least one target (True) and one non-target (False) trial, got {n_target} "
+            f"{named} must hold at least one target (True) and one non-target (False) trial, got {n_target} "
             f"target(s) among {n} trial(s)."
         )
     return value
@@ -111,7 +112,7 @@ def check_scores(scores: Any, is_target: Any) -> tuple[Tensor, Tensor]:
         raise TypeError(f"`scores` must have a real dtype, got {describe(scores)}.")
     if scores.is_floating_point() and not bool(torch.isfinite(scores).all()):
         raise ValueError(f"`scores` must be finite, got NaN or inf in {describe(scores)}.")
-    flags = _check_flags("is_target", is_target, scores.shape[0], "score")
+    flags = _check_flags("`is_target`", is_target, scores.shape[0], "score")
     return scores, flags.to(scores.device)
 
 
@@ -144,10 +145,7 @@ def check_trials(trials: Any, n_rows: int, device: torch.device) -> tuple[Tensor
         raise ValueError(
             f"`trials` must hold one test index per enrol index, got {indices[0].shape[0]} and {indices[1].shape[0]}."
         )
-    try:
-        checked = _check_flags("is_target", flags, indices[0].shape[0], "trial")
-    except (TypeError, ValueError) as error:  # the flags are a part of `trials`: name it
-        raise type(error)(str(error).replace("`is_target`", "`trials` (is_target)")) from None
+    checked = _check_flags("`trials` (is_target)", flags, indices[0].shape[0], "trial")
     return indices[0], indices[1], checked.to(device)
 
 
