@@ -352,6 +352,60 @@ FUNCTIONS: dict[str, Entry] = {
             bad("fmr_grid -1", "fmr_grid", fmr_grid=-1),
         ],
     ),
+    "F.score_metrics": Entry(
+        F.score_metrics,
+        {"scores": torch.tensor([0.9, 0.2, 0.4, 0.1]), "is_target": torch.tensor([True, False, True, False])},
+        [
+            *RATE_CASES,
+            bad("scores 2-D", "scores", scores=torch.ones(2, 2)),
+            bad("scores a list", "scores", scores=[0.9, 0.2, 0.4, 0.1]),
+            bad("scores NaN", "scores", scores=torch.tensor([0.9, float("nan"), 0.4, 0.1])),
+            bad("scores bool", "scores", scores=torch.tensor([True, False, True, False])),
+            bad("is_target int", "is_target", is_target=torch.tensor([1, 0, 1, 0])),
+            bad("is_target length", "is_target", is_target=torch.tensor([True, False])),
+            bad("is_target no non-target", "is_target", is_target=torch.ones(4, dtype=torch.bool)),
+            bad("fmr_vals 1.5", "fmr_vals", fmr_vals=(1.5,)),
+            bad("cllr str", "cllr", cllr="yes"),
+            bad("act_dcf_p_target 1", "act_dcf_p_target", act_dcf_p_target=(1.0,)),
+            bad("far_rule unknown", "far_rule", far_rule="nearest"),
+        ],
+    ),
+    "F.trial_metrics": Entry(
+        F.trial_metrics,
+        {
+            "embeddings": X,
+            "trials": (torch.tensor([0, 0, 2, 4]), torch.tensor([1, 2, 3, 5]), Y[[0, 0, 2, 4]] == Y[[1, 2, 3, 5]]),
+        },
+        [
+            *embedding_cases("embeddings"),
+            *RATE_CASES,
+            bad("trials a tensor", "trials", trials=torch.zeros(3, 4, dtype=torch.long)),
+            bad("trials two parts", "trials", trials=(torch.tensor([0, 1]), torch.tensor([1, 2]))),
+            bad(
+                "trials float index",
+                "trials",
+                trials=(torch.tensor([0.0, 2.0]), torch.tensor([1, 3]), torch.tensor([True, False])),
+            ),
+            bad(
+                "trials index 6",
+                "trials",
+                trials=(torch.tensor([0, 6]), torch.tensor([1, 3]), torch.tensor([True, False])),
+            ),
+            bad(
+                "trials lengths",
+                "trials",
+                trials=(torch.tensor([0, 2]), torch.tensor([1]), torch.tensor([True, False])),
+            ),
+            bad(
+                "trials int flags", "trials", trials=(torch.tensor([0, 2]), torch.tensor([1, 3]), torch.tensor([1, 0]))
+            ),
+            bad("distance unknown", "distance", distance="manhattan"),
+            bad("chunk_size 0", "chunk_size", chunk_size=0),
+            bad("cllr int", "cllr", cllr=1),
+            bad("act_dcf_p_target 0", "act_dcf_p_target", act_dcf_p_target=0.0),
+            bad("far_rule unknown", "far_rule", far_rule="closest"),
+        ],
+    ),
     "F.fnmr_at_fmr_from_distances": Entry(
         F.fnmr_at_fmr_from_distances,
         {"pos_dist": torch.tensor([0.1, 0.2, 0.4]), "neg_dist": torch.tensor([0.3, 0.5, 0.6])},

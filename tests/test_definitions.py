@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from torchmetrics_retrieval import PCF, ContrastiveAccuracy, CrossModalRetrieval, EmbeddingMetrics, FNMRAtFMR
-from torchmetrics_retrieval.functional import contrastive_accuracy, retrieval_metrics
+from torchmetrics_retrieval.functional import contrastive_accuracy, retrieval_metrics, score_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "definitions.md"
@@ -31,6 +31,7 @@ PLACEHOLDERS = {
     "tar@far": "{f}",
     "pcf": "{r}",
     "min_dcf": "{p}",
+    "act_dcf": "{p}",
     "dir@fpir": "{f}",
     "fnir@fpir": "{f}",
 }  # any other number in a key is a cutoff {k}
@@ -190,6 +191,8 @@ def _returned_keys() -> set[str]:
     cross_modal = CrossModalRetrieval(cmc_top_k=(1, 5), mrr=True)
     cross_modal.update(x[:20], labels[:20], x[20:], labels[20:])
     keys |= set(cross_modal.compute())
+    is_target = torch.arange(20) % 3 == 0
+    keys |= set(score_metrics(-torch.arange(20.0), is_target, cllr=True, act_dcf_p_target=(0.01,)))
     pcf = PCF(pcf_variance=(0.5,))
     pcf.update(x)
     keys |= set(pcf.compute())

@@ -26,6 +26,7 @@ from torchmetrics_retrieval.functional.score_norm import normalize_scores
 from torchmetrics_retrieval.functional.search import DistanceBlock, KNNResult, distance_blocks, knn, knn_chunks
 from torchmetrics_retrieval.functional.templates import pool_templates
 from torchmetrics_retrieval.functional.topology import alignment, covariance_sums, pcf, pcf_from_sums, uniformity
+from torchmetrics_retrieval.functional.trials import score_metrics, trial_metrics
 from torchmetrics_retrieval.functional.verification import det_curve, fnmr_at_fmr, fnmr_at_fmr_from_distances
 
 __all__ = [
@@ -66,5 +67,7 @@ __all__ = [
     "relevance_matrix",
     "retrieval_metrics",
     "retrieval_per_query",
+    "score_metrics",
+    "trial_metrics",
     "uniformity",
 ]
