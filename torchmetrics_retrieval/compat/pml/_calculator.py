@@ -18,10 +18,9 @@ from torchmetrics_retrieval.compat.pml._values import (
     Accuracy,
     LabelComparison,
     custom_fn,
-    hit_matrix,
+    knn_hits,
     per_query_values,
     reduce_values,
-    relevant_counts,
 )
 from torchmetrics_retrieval.functional._options import BOOL, check_option
 from torchmetrics_retrieval.functional.relevance import count_relevant, relevance_matrix
@@ -191,8 +190,8 @@ class AccuracyCalculator:
         if prepared is not None and prepared.knn_labels is knn_labels and prepared.query_labels is query_labels:
             is_relevant, n_relevant = prepared.is_relevant, prepared.n_relevant
         else:  # called with other tensors (e.g. by a subclass): pytorch-metric-learning's inputs only
-            is_relevant = hit_matrix(query_labels, knn_labels, self.label_comparison_fn)
-            n_relevant = relevant_counts(query_labels, label_counts, ref_includes_query, self.label_comparison_fn)
+            fn = self.label_comparison_fn
+            is_relevant, n_relevant = knn_hits(query_labels, knn_labels, label_counts, ref_includes_query, fn)
         keep = not_lone_query_mask
         values = per_query_values(metric, is_relevant[keep], n_relevant[keep])
         return reduce_values(values, query_labels[keep], self.avg_of_avgs, self.return_per_class)

@@ -11,6 +11,7 @@ from torchmetrics_retrieval.compat.pml._values import (
     LabelComparison,
     custom_fn,
     hit_matrix,
+    knn_hits,
     label_count_of,
     per_query_values,
     reduce_values,
@@ -90,8 +91,7 @@ def r_precision(
         >>> r_precision(torch.tensor([[1, 2], [1, 2]]), torch.tensor([[1], [2]]), True, counts)
         0.25
     """
-    hits = hit_matrix(gt_labels, knn_labels, label_comparison_fn)
-    n_relevant = relevant_counts(gt_labels, label_counts, ref_includes_query, label_comparison_fn)
+    hits, n_relevant = knn_hits(gt_labels, knn_labels, label_counts, ref_includes_query, label_comparison_fn)
     return reduce_values(per_query_values("r_precision", hits, n_relevant), gt_labels, avg_of_avgs, return_per_class)
 
 
@@ -112,8 +112,7 @@ def mean_average_precision(
         >>> mean_average_precision(torch.tensor([[2, 1, 1]]), torch.tensor([[1]]), False, counts)
         0.38888...
     """
-    hits = hit_matrix(gt_labels, knn_labels, label_comparison_fn)
-    n_relevant = relevant_counts(gt_labels, label_counts, ref_includes_query, label_comparison_fn)
+    hits, n_relevant = knn_hits(gt_labels, knn_labels, label_counts, ref_includes_query, label_comparison_fn)
     metric = "mean_average_precision_at_r" if at_r else "mean_average_precision"
     return reduce_values(per_query_values(metric, hits, n_relevant), gt_labels, avg_of_avgs, return_per_class)
 

@@ -22,6 +22,7 @@ __all__ = [
     "LabelComparison",
     "custom_fn",
     "hit_matrix",
+    "knn_hits",
     "label_count_of",
     "per_query_values",
     "reduce_values",
@@ -91,6 +92,19 @@ def relevant_counts(
     """R of every query from ``label_counts``: its label's count, minus its own row if it matches itself."""
     counts = label_count_of(labels, label_counts)
     return counts - self_match(labels, label_comparison_fn) if ref_includes_query else counts
+
+
+def knn_hits(
+    gt_labels: Tensor,
+    knn_labels: Tensor,
+    label_counts: tuple[Tensor, Tensor],
+    ref_includes_query: bool,
+    label_comparison_fn: LabelComparison | None,
+) -> tuple[Tensor, Tensor]:
+    """``(hit matrix, R of every query)`` from pytorch-metric-learning's arguments (:func:`hit_matrix`,
+    :func:`relevant_counts`)."""
+    hits = hit_matrix(gt_labels, knn_labels, label_comparison_fn)
+    return hits, relevant_counts(gt_labels, label_counts, ref_includes_query, label_comparison_fn)
 
 
 def per_query_values(metric: str, is_relevant: Tensor, n_relevant: Tensor) -> Tensor:

@@ -110,17 +110,31 @@ one, top_byte = np.uint64(1), np.uint64(56)
 
 
 @jit
-def scan_rows(block, a0, a1, row0, col0, keys, items, fill, tau, kp, passing):
-    # Block rows a0..a1 for their row queries: a vectorised compare marks the entries below the row's
-    # threshold, then only the 8-entry words with a mark are visited, mark by mark (lowest set bit
-    # first). Thresholds only fall, so a mark is checked again before its append.
-    width, n_cols = keys.shape[1], block.shape[1]
+def scan_block(block, a0, a1, b0, b1, row0, item0, col0, keys, items, fill, tau, kp, passing, column_tau, spill, count):
+    # The tile (rows a0..a1, columns b0..b1) of a key block for its row queries (the item: the column
+    # ``col0 + b0 + entry``) and, unless ``column_tau`` is None, for its column queries (the item: ``item0 + a``)
+    # in one pass over each tile row: a vectorised compare marks the entries below the row's threshold with bit 1,
+    # below the column's with bit 2, then only the 8-entry words with a mark are visited, mark by mark (lowest
+    # set bit first). Thresholds only fall, so a mark is checked again before its append. With ``spill`` a column
+    # entry is listed as (column query, item, key) from ``count`` on instead of appended, and the scan stops
+    # before a row whose columns might not fit the lists; returns (that row or a1, count).
+    #
+    # The one body of ``scan_rows``, ``scan_fused`` and ``scan_spill``: its ``is None`` tests are on arguments,
+    # which numba prunes when it compiles, so each of them gets a kernel with only its own code. (The appends are
+    # written out: a shared helper made the scans up to twice as slow, an inlined one still 10-40%.)
+    width, n_cols = keys.shape[1], b1 - b0
     words = passing.view(np.uint64)
     for a in range(a0, a1):
-        row, line = row0 + a, block[a]
+        if spill is not None and count + n_cols > spill[0].shape[0]:
+            return a, count
+        row, line = row0 + a, block[a, b0:b1]
         row_tau = tau[row]
-        for b in range(n_cols):
-            passing[b] = line[b] < row_tau
+        if column_tau is None:
+            for b in range(n_cols):
+                passing[b] = line[b] < row_tau
+        else:
+            for b in range(n_cols):
+                passing[b] = (line[b] < row_tau) | ((line[b] < column_tau[b]) << 1)
         passing[n_cols : 8 * ((n_cols + 7) // 8)] = 0
         for w in range((n_cols + 7) // 8):
             word = words[w]
@@ -135,52 +149,40 @@ def scan_rows(block, a0, a1, row0, col0, keys, items, fill, tau, kp, passing):
                     compact(keys, items, fill, tau, row, kp)
                 if line[entry] < tau[row]:
                     keys[row, fill[row]] = line[entry]
-                    items[row, fill[row]] = col0 + entry
-                    fill[row] += 1
-
-
-@jit
-def scan_fused(block, a0, a1, b0, b1, row0, col0, keys, items, fill, tau, kp, passing):
-    # The tile (rows a0..a1, columns b0..b1) of a symmetric block for its row queries and its column queries
-    # in one pass over each tile row: one compare marks the entries below the row's threshold with bit 1,
-    # below the column's with bit 2. (The row and column appends are written out: a shared helper made the
-    # scan twice as slow.)
-    width, n_cols = keys.shape[1], b1 - b0
-    column_tau = tau[col0 + b0 : col0 + b1]  # a view: follows the compactions
-    words = passing.view(np.uint64)
-    for a in range(a0, a1):
-        row, line = row0 + a, block[a, b0:b1]
-        row_tau = tau[row]
-        for b in range(n_cols):
-            passing[b] = (line[b] < row_tau) | ((line[b] < column_tau[b]) << 1)
-        passing[n_cols : 8 * ((n_cols + 7) // 8)] = 0
-        for w in range((n_cols + 7) // 8):
-            word = words[w]
-            if word == 0:
-                continue
-            marks = word & byte_ones
-            while marks:
-                lowest = marks & (~marks + one)
-                marks ^= lowest
-                entry = 8 * w + int((lowest * byte_index) >> top_byte)
-                if fill[row] == width:
-                    compact(keys, items, fill, tau, row, kp)
-                if line[entry] < tau[row]:
-                    keys[row, fill[row]] = line[entry]
                     items[row, fill[row]] = col0 + b0 + entry
                     fill[row] += 1
+            if column_tau is None:
+                continue
             marks = (word >> one) & byte_ones
             while marks:
                 lowest = marks & (~marks + one)
                 marks ^= lowest
                 entry = 8 * w + int((lowest * byte_index) >> top_byte)
                 column = col0 + b0 + entry
+                if spill is not None:
+                    spill[0][count], spill[1][count], spill[2][count] = column, item0 + a, line[entry]
+                    count += 1
+                    continue
                 if fill[column] == width:
                     compact(keys, items, fill, tau, column, kp)
                 if line[entry] < tau[column]:
                     keys[column, fill[column]] = line[entry]
-                    items[column, fill[column]] = row0 + a
+                    items[column, fill[column]] = item0 + a
                     fill[column] += 1
+    return a1, count
+
+
+@jit
+def scan_rows(block, a0, a1, row0, col0, keys, items, fill, tau, kp, passing):
+    # Block rows a0..a1 for their row queries.
+    scan_block(block, a0, a1, 0, block.shape[1], row0, row0, col0, keys, items, fill, tau, kp, passing, None, None, 0)
+
+
+@jit
+def scan_fused(block, a0, a1, b0, b1, row0, col0, keys, items, fill, tau, kp, passing):
+    # The tile (rows a0..a1, columns b0..b1) of a symmetric block for its row queries and its column queries.
+    column_tau = tau[col0 + b0 : col0 + b1]  # a view: follows the compactions
+    scan_block(block, a0, a1, b0, b1, row0, row0, col0, keys, items, fill, tau, kp, passing, column_tau, None, 0)
 
 
 @pjit
@@ -215,41 +217,9 @@ def scan_spill(block, row0, item0, col0, keys, items, fill, tau, kp, passing, co
     # ``scan`` with the column side spilled: an entry below its column query's (fixed) threshold
     # ``column_tau`` is listed as (column query, item ``item0 + row``, key) in ``spill`` (three arrays) from
     # ``count`` on. Stops before a row whose columns might not fit the lists; returns (that row, count).
-    # (The row side is written out as in ``scan``: a shared helper made the scans twice as slow.)
-    targets, sources, values = spill
-    width, n_cols = keys.shape[1], block.shape[1]
-    words = passing.view(np.uint64)
-    for a in range(block.shape[0]):
-        if count + n_cols > targets.shape[0]:
-            return a, count
-        row, line = row0 + a, block[a]
-        row_tau = tau[row]
-        for b in range(n_cols):
-            passing[b] = (line[b] < row_tau) | ((line[b] < column_tau[b]) << 1)
-        passing[n_cols : 8 * ((n_cols + 7) // 8)] = 0
-        for w in range((n_cols + 7) // 8):
-            word = words[w]
-            if word == 0:
-                continue
-            marks = word & byte_ones
-            while marks:
-                lowest = marks & (~marks + one)
-                marks ^= lowest
-                entry = 8 * w + int((lowest * byte_index) >> top_byte)
-                if fill[row] == width:
-                    compact(keys, items, fill, tau, row, kp)
-                if line[entry] < tau[row]:
-                    keys[row, fill[row]] = line[entry]
-                    items[row, fill[row]] = col0 + entry
-                    fill[row] += 1
-            marks = (word >> one) & byte_ones
-            while marks:
-                lowest = marks & (~marks + one)
-                marks ^= lowest
-                entry = 8 * w + int((lowest * byte_index) >> top_byte)
-                targets[count], sources[count], values[count] = col0 + entry, item0 + a, line[entry]
-                count += 1
-    return block.shape[0], count
+    n_rows, n_cols = block.shape
+    state = (keys, items, fill, tau, kp, passing, column_tau, spill, count)
+    return scan_block(block, 0, n_rows, 0, n_cols, row0, item0, col0, *state)
 
 
 @pjit
