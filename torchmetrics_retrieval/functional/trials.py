@@ -17,7 +17,7 @@ normalised detection cost at the Bayes threshold :math:`\log\frac{C_{fa}(1 - p)}
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
+from typing import Any, Literal
 
 import torch  # noqa: F401  (the examples' namespace)
 from torch import Tensor
@@ -201,7 +201,7 @@ def trial_metrics(
     scores = trial_scores(x, enrol, test, distance, chunk_size)
     if score_norm is not None:
         assert cohort is not None  # check_norm_options
-        options = {"method": score_norm, "top_n": top_n, "distance": distance, "chunk_size": chunk_size}
-        options |= {"embedding_ids": embedding_ids, "cohort_ids": cohort_ids}
+        options: dict[str, Any] = {"method": score_norm, "top_n": top_n, "distance": distance}
+        options.update(chunk_size=chunk_size, embedding_ids=embedding_ids, cohort_ids=cohort_ids)
         scores = normalised_scores(scores, x, enrol, test, cohort, options)
     return score_values(scores, is_target, request)
