@@ -28,6 +28,12 @@ def check_norm_options(score_norm: Any, cohort: Any, top_n: Any, embedding_ids: 
                 )
         return
     check_choice("score_norm", score_norm, SCORE_NORMS)
+    if (top_n is None) == (score_norm == "as"):  # the messages of normalize_scores would say `method`
+        need = "must be given with score_norm='as'" if top_n is None else "is used with score_norm='as' only"
+        raise ValueError(
+            f"`top_n` {need} (the highest cohort scores kept per side), got top_n={top_n!r} with "
+            f"score_norm={score_norm!r}."
+        )
     if cohort is None:
         raise ValueError(
             f"`cohort` must be given with `score_norm` (the embeddings the scores are normalised against), "
