@@ -116,8 +116,11 @@ def check_scores(scores: Any, is_target: Any) -> tuple[Tensor, Tensor]:
     return scores, flags.to(scores.device)
 
 
-def check_trials(trials: Any, n_rows: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-    """``(enrol_index, test_index, is_target)``: integer indices of rows in ``[0, n_rows)``, bool flags, one length."""
+def check_trials(
+    trials: Any, n_rows: int, device: torch.device, ids: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(enrol_index, test_index, is_target)``: integer indices of rows in ``[0, n_rows)``, bool flags, one length.
+    With ``ids`` (sorted ascending, one per row: the pooled templates' ids), the indices are ids, mapped to rows."""
     if isinstance(trials, Tensor) or not isinstance(trials, (tuple, list)) or len(trials) != 3:
         raise TypeError(
             f"`trials` must be a tuple of three tensors (enrol_index, test_index, is_target), got {describe(trials)}."
@@ -134,7 +137,9 @@ def check_trials(trials: Any, n_rows: int, device: torch.device) -> tuple[Tensor
             raise TypeError(f"`trials` ({part}) must be an integer tensor, got {describe(value)}.")
         if value.ndim != 1:
             raise ValueError(f"`trials` ({part}) must be 1-D, got {describe(value)}.")
-        if value.numel() and (int(value.min()) < 0 or int(value.max()) >= n_rows):
+        if ids is not None:
+            value = _template_rows(part, value.to(device=ids.device, dtype=torch.long), ids)
+        elif value.numel() and (int(value.min()) < 0 or int(value.max()) >= n_rows):
             bad = int(torch.nonzero((value < 0) | (value >= n_rows))[0])
             raise ValueError(
                 f"`trials` ({part}) must index rows of `embeddings` in [0, {n_rows}), got {int(value[bad])} at "
@@ -147,6 +152,20 @@ def check_trials(trials: Any, n_rows: int, device: torch.device) -> tuple[Tensor
         )
     checked = _check_flags("`trials` (is_target)", flags, indices[0].shape[0], "trial")
     return indices[0], indices[1], checked.to(device)
+
+
+def _template_rows(part: str, value: Tensor, ids: Tensor) -> Tensor:
+    """The rows of the pooled templates that ``value`` names by id (``ids`` sorted ascending)."""
+    sorted_ids = ids.to(torch.long)
+    rows = torch.searchsorted(sorted_ids, value)
+    known = (rows < sorted_ids.numel()) & (sorted_ids[rows.clamp(max=sorted_ids.numel() - 1)] == value)
+    if not bool(known.all()):
+        bad = int(torch.nonzero(~known)[0])
+        raise ValueError(
+            f"`trials` ({part}) must name template ids of `template_ids` when it is given, got {int(value[bad])} at "
+            f"position {bad}, which no embedding carries ({int(known.numel() - known.sum())} unknown)."
+        )
+    return rows
 
 
 # ----------------------------------------------------------------------------------------------------------------------

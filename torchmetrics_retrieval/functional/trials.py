@@ -17,13 +17,14 @@ normalised detection cost at the Bayes threshold :math:`\log\frac{C_{fa}(1 - p)}
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
+from typing import Any, Literal
 
 import torch  # noqa: F401  (the examples' namespace)
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._checks import check_choice, check_embeddings, check_positive_int
 from torchmetrics_retrieval.functional._search.types import DISTANCES, Distance
+from torchmetrics_retrieval.functional._trial_options import check_norm_options, normalised_scores, pooled_embeddings
 from torchmetrics_retrieval.functional._trials import (
     TrialRequest,
     check_scores,
@@ -31,6 +32,7 @@ from torchmetrics_retrieval.functional._trials import (
     score_values,
     trial_scores,
 )
+from torchmetrics_retrieval.functional.score_norm import ScoreNorm
 
 __all__ = ["FarRule", "score_metrics", "trial_metrics"]
 
@@ -106,6 +108,13 @@ def trial_metrics(
     act_dcf_p_target: float | Iterable[float] = (),
     far_rule: FarRule = "exact",
     chunk_size: int | None = None,
+    score_norm: ScoreNorm | None = None,
+    cohort: Tensor | None = None,
+    top_n: int | None = None,
+    embedding_ids: Tensor | None = None,
+    cohort_ids: Tensor | None = None,
+    template_ids: Tensor | None = None,
+    media_ids: Tensor | None = None,
 ) -> dict[str, Tensor]:
     r"""Verification values of a trial list over embeddings: :func:`score_metrics` of the trials' scores.
 
@@ -114,10 +123,19 @@ def trial_metrics(
     trials are every labelled pair, the values are those of
     :func:`~torchmetrics_retrieval.functional.fnmr_at_fmr`.
 
+    With ``template_ids`` (IJB-B/C), the embeddings are first pooled into one unit vector per template by
+    :func:`~torchmetrics_retrieval.functional.pool_templates` (with ``media_ids``, each media counting once), and
+    the trial indices are then **template ids**, not rows: ``enrol_index[i] = 7`` names the template of id 7, found
+    in the sorted ids by ``searchsorted``. With ``score_norm``, the trial scores are normalised against ``cohort`` by
+    :func:`~torchmetrics_retrieval.functional.normalize_scores` (``"z"``, ``"t"``, ``"s"``, or ``"as"`` over each
+    side's ``top_n`` highest cohort scores) before any value is computed; the cohort scores are minus the same
+    ``distance``, of the (pooled) trial embeddings against the rows of ``cohort`` as given.
+
     Args:
         embeddings: ``(N, D)`` floating embeddings, finite.
         trials: ``(enrol_index, test_index, is_target)``: two ``(T,)`` integer tensors of rows of ``embeddings``
-            and a ``(T,)`` bool tensor; at least one target and one non-target trial.
+            (of template ids with ``template_ids``) and a ``(T,)`` bool tensor; at least one target and one
+            non-target trial.
         distance: ``"euclidean"``, ``"sqeuclidean"``, ``"cosine"`` or ``"dot"``.
         fmr_vals: as :func:`score_metrics`.
         eer: as :func:`score_metrics`.
@@ -127,19 +145,48 @@ def trial_metrics(
         cllr: as :func:`score_metrics` (meaningful on calibrated scores only).
         act_dcf_p_target: as :func:`score_metrics` (meaningful on calibrated scores only).
         far_rule: as :func:`score_metrics`.
-        chunk_size: trials whose scores are computed at once (default 65536).
+        chunk_size: trials whose scores are computed at once (default 65536); caps the blocks of the cohort
+            scores too.
+        score_norm: ``"z"``, ``"t"``, ``"s"`` or ``"as"``: normalise the trial scores against ``cohort`` first;
+            None (default): the raw scores.
+        cohort: ``(C, D)`` floating, finite, on the device of ``embeddings``: impostors of no trial's identity;
+            required by ``score_norm``, refused without it. Pool cohort templates first if they are templates.
+        top_n: int in ``[1, C]``: the cohort scores kept per side by ``score_norm="as"``; required by it.
+        embedding_ids: ``(N,)`` integer identity of each row of ``embeddings`` (with ``template_ids``, the same
+            within a template); with ``cohort_ids``, cohort items sharing an identity with a trial's embedding are
+            counted in a ``UserWarning``. Only with ``score_norm``.
+        cohort_ids: ``(C,)`` integer identity of each cohort item, given with ``embedding_ids``.
+        template_ids: ``(N,)`` integer template id of each embedding: pool the templates first, the trials naming
+            template ids.
+        media_ids: ``(N,)`` integer media id of each embedding (within its template); only with ``template_ids``.
 
     Returns:
         ``{key: tensor}`` as :func:`score_metrics`.
 
     Raises:
-        TypeError, ValueError: malformed embeddings or trials, an index out of range, an option out of range.
+        TypeError, ValueError: malformed embeddings or trials, an index out of range (a template id no embedding
+            carries), an option out of range, ``cohort``, ``top_n``, ``embedding_ids`` or ``cohort_ids`` without
+            ``score_norm``, ``score_norm`` without ``cohort``, ``media_ids`` without ``template_ids``, and a
+            normalised score that is NaN (a side whose cohort scores are all equal).
 
     Example:
         >>> x = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0], [-0.6, 0.8]])
         >>> trials = (torch.tensor([0, 0, 2, 1]), torch.tensor([1, 2, 3, 3]), torch.tensor([True, False, True, False]))
         >>> trial_metrics(x, trials, fmr_vals=0.5, eer=True)
         {'fnmr@fmr/0.5': tensor(0.), 'tar@far/0.5': tensor(1.), 'eer': tensor(0.)}
+
+        The same trials, AS-norm against a cohort of four, each side's two highest cohort scores:
+
+        >>> cohort = torch.tensor([[0.6, -0.8], [-1.0, 0.0], [0.0, -1.0], [0.7, 0.7]])
+        >>> out = trial_metrics(x, trials, eer=True, roc_auc=True, score_norm="as", cohort=cohort, top_n=2)
+        >>> {key: round(value.item(), 4) for key, value in out.items()}
+        {'eer': 0.0, 'roc_auc': 1.0}
+
+        Templates: rows 0 and 1 form template 10, rows 2 and 3 template 20; the trials name template ids.
+
+        >>> templates = (torch.tensor([10, 10]), torch.tensor([10, 20]), torch.tensor([True, False]))
+        >>> trial_metrics(x, templates, eer=True, template_ids=torch.tensor([10, 10, 20, 20]))
+        {'eer': tensor(0.)}
     """
     request = TrialRequest.checked(
         fmr_vals, eer, min_dcf_p_target, dcf_costs, roc_auc, cllr, act_dcf_p_target, far_rule
@@ -148,6 +195,13 @@ def trial_metrics(
     check_choice("distance", distance, DISTANCES)
     if chunk_size is not None:
         check_positive_int("chunk_size", chunk_size)
-    enrol, test, is_target = check_trials(trials, x.shape[0], x.device)
+    check_norm_options(score_norm, cohort, top_n, embedding_ids, cohort_ids)
+    x, ids, embedding_ids = pooled_embeddings(x, template_ids, media_ids, embedding_ids)
+    enrol, test, is_target = check_trials(trials, x.shape[0], x.device, ids)
     scores = trial_scores(x, enrol, test, distance, chunk_size)
+    if score_norm is not None:
+        assert cohort is not None  # check_norm_options
+        options: dict[str, Any] = {"method": score_norm, "top_n": top_n, "distance": distance}
+        options.update(chunk_size=chunk_size, embedding_ids=embedding_ids, cohort_ids=cohort_ids)
+        scores = normalised_scores(scores, x, enrol, test, cohort, options)
     return score_values(scores, is_target, request)
