@@ -105,7 +105,7 @@ ERRORS = [
     ("gallery", "", ["--gallery", "{x}"], "--gallery cannot be used with --trials"),
     ("no item column", "", ["--item-column", "path"], "has no column 'path'"),
     ("csv header", "csv", [], "needs one enrol column"),
-    ("one-sided", "!0 {a} {b}\n", [], "target"),
+    ("one-sided", "!0 {a} {b}\n", [], "needs target (1) and non-target (0) trials; all 1 are 0"),
 ]
 
 

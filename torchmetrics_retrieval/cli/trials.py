@@ -140,6 +140,10 @@ def read_trials(path: Path, names: np.ndarray | None, n: int) -> tuple[Tensor, T
             rows.append(row)
         enrol.append(rows[0])
         test.append(rows[1])
+    if all(target) or not any(target):
+        raise UsageError(
+            f"trial file {path} needs target (1) and non-target (0) trials; all {len(target)} are {target[0]:d}"
+        )
     as_index = lambda values: torch.tensor(values, dtype=torch.long)  # noqa: E731
     return as_index(enrol), as_index(test), torch.tensor(target, dtype=torch.bool)
 
