@@ -4,7 +4,8 @@
 handwritten digits, each image's 64 pixels used as its embedding) and prints a table. ``evaluate`` does the same
 for embeddings and labels saved on disk (``.npy``, ``.npz``, ``.pt``, ``.safetensors``; labels also as a ``.csv``
 or ``.parquet`` table). Both can write a report (``--report DIR``: JSON, per-query values, plots) and compare two
-models query by query (``--compare``). Mistakes in the command or its files print one line and exit with code 2.
+models query by query (``--compare``). ``evaluate --trials FILE`` scores a verification trial list instead
+(:mod:`torchmetrics_retrieval.cli.trials`). Mistakes in the command or its files print one line and exit with code 2.
 """
 
 from __future__ import annotations

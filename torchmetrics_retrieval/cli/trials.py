@@ -52,8 +52,8 @@ def add_trial_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--item-column",
         default="item",
-        help="column of the labels table naming the items of the trials (default: item; without it the trials "
-        "give row indices)",
+        help="column of the labels table naming the trials' items (default: item); without a labels table the "
+        "trials' items are row indices",
     )
     group.add_argument("--cllr", action="store_true", help="also cllr and min_cllr (calibrated scores only)")
     group.add_argument(
