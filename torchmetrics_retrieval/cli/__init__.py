@@ -4,7 +4,8 @@
 handwritten digits, each image's 64 pixels used as its embedding) and prints a table. ``evaluate`` does the same
 for embeddings and labels saved on disk (``.npy``, ``.npz``, ``.pt``, ``.safetensors``; labels also as a ``.csv``
 or ``.parquet`` table). Both can write a report (``--report DIR``: JSON, per-query values, plots) and compare two
-models query by query (``--compare``). Mistakes in the command or its files print one line and exit with code 2.
+models query by query (``--compare``). ``evaluate --trials FILE`` scores a verification trial list instead
+(:mod:`torchmetrics_retrieval.cli.trials`). Mistakes in the command or its files print one line and exit with code 2.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.cli.inputs import Inputs, UsageError, check_rows, encode, load_array, load_labels, read_side
+from torchmetrics_retrieval.cli.trials import add_trial_flags, check_trial_flags
 from torchmetrics_retrieval.functional._options import RetrievalOptions, option_fields
 from torchmetrics_retrieval.functional.retrieval import evaluate
 
@@ -133,7 +135,11 @@ def _add_output_flags(parser: argparse.ArgumentParser) -> None:
 
 def _add_input_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("embeddings", help="(N, D) embeddings: the whole set (leave-one-out) or the queries")
-    parser.add_argument("labels", help="(N,) or (N, L) labels: an array file or a .csv/.parquet table")
+    parser.add_argument(
+        "labels", nargs="?",
+        help="(N,) or (N, L) labels: an array file or a .csv/.parquet table (with --trials: optional, a table naming "
+        "the items)",
+    )  # fmt: skip
     group = parser.add_argument_group("inputs (FILE or FILE:KEY; a per-sample option also takes a table column)")
     group.add_argument("--label-column", default="label", help="column of a labels table (default: label)")
     group.add_argument("--gallery", help="(G, D) gallery embeddings (default: leave-one-out on the embeddings)")
@@ -275,6 +281,13 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
+    from torchmetrics_retrieval.cli.trials import evaluate_trials
+
+    check_trial_flags(args)
+    if args.trials is not None:
+        return evaluate_trials(args, _embeddings(args.embeddings, "embeddings"))
+    if args.labels is None:
+        raise UsageError("evaluate needs labels (only --trials goes without)")
     inputs = _read_inputs(args)
     images = None
     if args.images is not None:
@@ -305,6 +318,7 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="evaluate retrieval on scikit-learn's bundled digits data")
     evaluate = commands.add_parser("evaluate", help="evaluate embeddings saved on disk")
     _add_input_flags(evaluate)
+    add_trial_flags(evaluate)
     for sub, defaults in ((demo, _DEMO_DEFAULTS), (evaluate, _CLI_DEFAULTS)):
         _add_option_flags(sub, defaults)
         _add_output_flags(sub)
