@@ -73,7 +73,8 @@ class TrialMetrics(SampleAccumulator):
 
     Example:
         >>> import torch
-        >>> trials = (torch.tensor([10, 10, 12, 11]), torch.tensor([11, 12, 13, 13]), torch.tensor([True, False, True, False]))
+        >>> enrol, test = torch.tensor([10, 10, 12, 11]), torch.tensor([11, 12, 13, 13])
+        >>> trials = (enrol, test, torch.tensor([True, False, True, False]))
         >>> metric = TrialMetrics(trials, fmr_vals=0.5, eer=True)
         >>> metric.update(torch.tensor([[1.0, 0.0], [0.8, 0.6]]), torch.tensor([10, 11]))
         >>> metric.update(torch.tensor([[0.0, 1.0], [-0.6, 0.8], [1.0, 0.0]]), torch.tensor([12, 13, 10]))
