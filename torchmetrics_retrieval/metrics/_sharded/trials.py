@@ -50,7 +50,10 @@ def sharded_trial_compute(metric: Any, group: Any) -> dict[str, Tensor]:
         offset += sent.numel()
     rows = torch.cat(blocks) if len(blocks) > 1 else local
     mine = owner[enrol] == rank
-    scored = trial_scores(rows, where[enrol[mine]], where[test[mine]], metric.distance, metric.chunk_size)
+    if bool(mine.any()):
+        scored = trial_scores(rows, where[enrol[mine]], where[test[mine]], metric.distance, metric.chunk_size)
+    else:  # no enrolment sample here (an empty rank): nothing to score
+        scored = rows.new_empty((0,))
     every = gather(scored, group)
     scores = torch.empty(enrol.numel(), dtype=scored.dtype, device=scored.device)
     by = owner[enrol]
