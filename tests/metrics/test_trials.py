@@ -158,3 +158,24 @@ def test_the_trial_list_is_copied() -> None:
     metric = TrialMetrics(trials, eer=True)
     trials[0][0] = 7
     assert int(metric.trials[0][0]) == 0
+
+
+def test_forward_stores_the_batch_and_returns_none() -> None:
+    x, ids, trials = data()
+    metric = TrialMetrics(trials)
+    assert metric(x[:10], ids[:10]) is None
+    assert metric(embeddings=x[10:], indexes=ids[10:]) is None
+    assert_identical(metric.compute(), expected(x, ids, trials, fmr_vals=(0.1,)))
+    with pytest.raises(ValueError, match="embeddings"):
+        metric(x[:2, :3], ids[:2])
+    assert sum(t.shape[0] for t in metric.embeddings) == N
+
+
+def test_docstring_documents_every_parameter() -> None:
+    import inspect
+    import re
+
+    doc = inspect.getdoc(TrialMetrics) or ""
+    section = doc.split("\nArgs:\n", 1)[1].split("\n\n", 1)[0]
+    documented = re.findall(r"^ {4}(\w+): ", section, flags=re.M)
+    assert documented == [name for name in inspect.signature(TrialMetrics).parameters if name != "self"]

@@ -155,6 +155,11 @@ class TrialMetrics(SampleAccumulator):
         """
         self._store(embeddings=embeddings, indexes=indexes)
 
+    def forward(self, *args: Any, **kwargs: Any) -> None:
+        """Store the batch as ``update`` does and return None: a batch rarely holds both samples of every trial, so
+        it has no value of its own (torchmetrics' ``forward`` would compute one, and fail)."""
+        self.update(*args, **kwargs)
+
     def _prepare(self, batch: dict[str, Tensor | None]) -> dict[str, Tensor | None]:
         cast_like_first(batch, "embeddings", self.embeddings)
         return batch
