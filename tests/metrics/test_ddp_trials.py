@@ -102,6 +102,11 @@ def _scenarios(rank: int, world_size: int) -> dict[str, Any]:
     if rank == 0:
         metric.update(data["x"][~keep], data["ids"][~keep])
     out["missing/then"] = _outcome(metric)
+    # embeddings of another width on each rank: the same error on every rank (no hang), the state kept
+    dims = TrialMetrics(data["trials"], **OPTIONS)
+    dims.update(torch.randn(3, D + rank), data["ids"][:3])
+    out["dims"] = _outcome(dims)
+    out["dims/kept"] = [tuple(t.shape) for t in dims.embeddings] == [(3, D + rank)]
     out["sharded_calls"] = len(calls)
     return out
 
@@ -144,5 +149,8 @@ def test_identical_to_one_process(world_size: int, tmp_path: Path, single_proces
         assert "which no process passed to update()" in out["missing"]["error"], out["missing"]
         assert out["missing/kept"]
         _assert_identical(out["missing/then"], single_process["cosine"], f"world_size={world_size} missing/then")
-        # sharded: sampler, uneven and empty_rank per distance, the missing index twice; never under one process
-        assert out["sharded_calls"] == (0 if world_size == 1 else 3 * len(DISTANCES) + 2)
+        assert out["dims/kept"]
+        if world_size > 1:
+            assert "`embeddings` must have the same trailing shape and dtype on every process" in out["dims"]["error"]
+        # sharded: sampler, uneven and empty_rank per distance, the missing index twice, the widths; never on one
+        assert out["sharded_calls"] == (0 if world_size == 1 else 3 * len(DISTANCES) + 3)
