@@ -82,6 +82,14 @@ def _scenarios(rank: int, world_size: int) -> dict[str, Any]:
     module = importlib.import_module(SHARDED[0])
     original, calls = getattr(module, SHARDED[1]), []
     setattr(module, SHARDED[1], lambda *args: calls.append(1) or original(*args))
+    exchange, received = module._exchanged_rows, []
+
+    def counted(local: Tensor, *args: Any) -> tuple[Tensor, Tensor]:
+        rows, where = exchange(local, *args)
+        received.append(rows.shape[0] - local.shape[0])  # the test rows this rank received from their owners
+        return rows, where
+
+    module._exchanged_rows = counted
     out: dict[str, Any] = {}
     for distance in DISTANCES:
         options = {"distance": distance, **OPTIONS}
@@ -108,6 +116,7 @@ def _scenarios(rank: int, world_size: int) -> dict[str, Any]:
     out["dims"] = _outcome(dims)
     out["dims/kept"] = [tuple(t.shape) for t in dims.embeddings] == [(3, D + rank)]
     out["sharded_calls"] = len(calls)
+    out["received"] = received
     return out
 
 
@@ -154,3 +163,7 @@ def test_identical_to_one_process(world_size: int, tmp_path: Path, single_proces
             assert "`embeddings` must have the same trailing shape and dtype on every process" in out["dims"]["error"]
         # sharded: sampler, uneven and empty_rank per distance, the missing index twice, the widths; never on one
         assert out["sharded_calls"] == (0 if world_size == 1 else 3 * len(DISTANCES) + 3)
+    if world_size > 1:  # rows crossed ranks in the sampler and uneven runs (the empty rank's on 2: all on one)
+        per_run = [sum(runs) for runs in zip(*(out["received"] for out in ranks), strict=True)]
+        assert len(per_run) == 3 * len(DISTANCES) + 1, per_run  # the widths' error comes before the exchange
+        assert all(per_run[3 * d + s] > 0 for d in range(len(DISTANCES)) for s in (0, 1)), per_run
