@@ -115,6 +115,11 @@ def _scenarios(rank: int, world_size: int) -> dict[str, Any]:
     dims.update(torch.randn(3, D + rank), data["ids"][:3])
     out["dims"] = _outcome(dims)
     out["dims/kept"] = [tuple(t.shape) for t in dims.embeddings] == [(3, D + rank)]
+    # a zero row under cosine on the last rank only: the one-process ValueError on every rank
+    zero = TrialMetrics(data["trials"], **OPTIONS)
+    rows = torch.arange(rank, N, world_size)
+    zero.update(data["x"][rows] * (data["ids"][rows] != data["ids"][-1])[:, None], data["ids"][rows])
+    out["zero"] = _outcome(zero)
     out["sharded_calls"] = len(calls)
     out["received"] = received
     return out
@@ -150,6 +155,12 @@ def test_trials_cross_ranks() -> None:
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_identical_to_one_process(world_size: int, tmp_path: Path, single_process: dict[str, Any]) -> None:
     ranks = run_distributed(_scenarios, world_size, tmp_path)
+    data = _data()
+    x = data["x"].clone()
+    x[-1] = 0
+    with pytest.raises(ValueError) as raised:
+        trial_metrics(x, (*data["rows"], data["trials"][2]), **OPTIONS)
+    zero_error = {"error": str(raised.value)}
     for rank, out in enumerate(ranks):
         for distance in DISTANCES:
             for scenario in ("sampler", "uneven", "empty_rank", "gather"):
@@ -161,8 +172,11 @@ def test_identical_to_one_process(world_size: int, tmp_path: Path, single_proces
         assert out["dims/kept"]
         if world_size > 1:
             assert "`embeddings` must have the same trailing shape and dtype on every process" in out["dims"]["error"]
-        # sharded: sampler, uneven and empty_rank per distance, the missing index twice, the widths; never on one
-        assert out["sharded_calls"] == (0 if world_size == 1 else 3 * len(DISTANCES) + 3)
+        # the rank holding the row raises the one-process error, the others a ValueError naming `embeddings` too
+        other = {"error": "`embeddings` of 1 other process(es) failed the checks of the rows."}
+        assert out["zero"] == (zero_error if rank == (N - 1) % world_size else other), out["zero"]
+        # sharded: sampler, uneven and empty_rank per distance, the missing index twice, the widths, the zero row
+        assert out["sharded_calls"] == (0 if world_size == 1 else 3 * len(DISTANCES) + 4)
     if world_size > 1:  # rows crossed ranks in the sampler and uneven runs (the empty rank's on 2: all on one)
         per_run = [sum(runs) for runs in zip(*(out["received"] for out in ranks), strict=True)]
         assert len(per_run) == 3 * len(DISTANCES) + 1, per_run  # the widths' error comes before the exchange

@@ -19,7 +19,7 @@ from torch import Tensor
 from torchmetrics_retrieval.functional._trials import score_values, trial_scores
 from torchmetrics_retrieval.metrics._sharded.faults import checkpoint
 from torchmetrics_retrieval.metrics._sharded.gather import gather
-from torchmetrics_retrieval.metrics._sharded.global_set import global_rows
+from torchmetrics_retrieval.metrics._sharded.global_set import check_rows, global_rows
 from torchmetrics_retrieval.metrics._sharded.search import _post, _wait
 
 __all__ = ["sharded_trial_compute"]
@@ -64,6 +64,7 @@ def sharded_trial_compute(metric: Any, group: Any) -> dict[str, Tensor]:
     every rank, the embeddings left where they are. Every rank must call it (it is a sequence of collectives)."""
     local, _, owner, row, indexes = global_rows(metric, group)
     assert indexes is not None  # a required field
+    check_rows(local, metric.distance, group)  # a bad row (zero for cosine): the same ValueError on every rank
     enrol, test, is_target = metric.trial_rows(indexes)  # the same on every rank (raises on every rank alike)
     rank = dist.get_rank(group)
     rows, where = _exchanged_rows(local, row, owner, enrol, test, group)
