@@ -13,6 +13,7 @@ from torchmetrics_retrieval.metrics import (
     EmbeddingMetrics,
     FNMRAtFMR,
     ShardedComputeError,
+    TrialMetrics,
 )
 
 __version__ = "0.1.0"
@@ -24,6 +25,7 @@ __all__ = [
     "EmbeddingMetrics",
     "FNMRAtFMR",
     "ShardedComputeError",
+    "TrialMetrics",
     "__version__",
     "functional",
     "plotting",

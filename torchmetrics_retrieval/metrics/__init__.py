@@ -9,6 +9,7 @@ from torchmetrics_retrieval.metrics.contrastive import ContrastiveAccuracy
 from torchmetrics_retrieval.metrics.cross_modal import CrossModalRetrieval
 from torchmetrics_retrieval.metrics.embedding import EmbeddingMetrics
 from torchmetrics_retrieval.metrics.topology import PCF
+from torchmetrics_retrieval.metrics.trials import TrialMetrics
 from torchmetrics_retrieval.metrics.verification import FNMRAtFMR
 
 __all__ = [
@@ -18,4 +19,5 @@ __all__ = [
     "EmbeddingMetrics",
     "FNMRAtFMR",
     "ShardedComputeError",
+    "TrialMetrics",
 ]

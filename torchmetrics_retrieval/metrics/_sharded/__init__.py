@@ -17,6 +17,8 @@ The distributed layer sits between the metric classes and the engines, imports i
     embedding.py     EmbeddingMetrics: the search and counts injected into the engines' per-query code
     contrastive.py   ContrastiveAccuracy, in visiting rounds
     cross_modal.py   CrossModalRetrieval: each direction as a sharded ranking
+    trials.py        TrialMetrics: each trial scored by its enrolment row's owner (test rows sent point to
+                     point), the scores gathered in trial order
 
 The engines make their size-dependent choices (compiled kernels or torch passes) for the whole problem, not for
 a rank's part of it (``plan.part_of``), so every part takes the path one process would take.
