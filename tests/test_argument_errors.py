@@ -25,7 +25,14 @@ from torch import Tensor
 import torchmetrics_retrieval.functional as F
 import torchmetrics_retrieval.metrics as M
 from torchmetrics_retrieval.compat import nidl, oml, pml
-from torchmetrics_retrieval.metrics import PCF, ContrastiveAccuracy, CrossModalRetrieval, EmbeddingMetrics, FNMRAtFMR
+from torchmetrics_retrieval.metrics import (
+    PCF,
+    ContrastiveAccuracy,
+    CrossModalRetrieval,
+    EmbeddingMetrics,
+    FNMRAtFMR,
+    TrialMetrics,
+)
 
 # ---- data ------------------------------------------------------------------------------------------------------------
 
@@ -922,6 +929,32 @@ METRICS: dict[str, MetricEntry] = {
             bad("ids_a without embeddings_a", "embeddings_a", embeddings_a=None),
             bad("embeddings_b without ids_b", "ids_b", ids_b=None),
             bad("indexes_a float", "indexes_a", indexes_a=torch.arange(6.0)),
+        ],
+    ),
+    "TrialMetrics": MetricEntry(
+        TrialMetrics,
+        {"trials": (torch.tensor([0, 2, 0]), torch.tensor([1, 3, 4]), torch.tensor([True, True, False])), "eer": True},
+        {"embeddings": X, "indexes": torch.arange(6)},
+        [
+            bad("trials not a triple", "trials", trials=(torch.tensor([0]), torch.tensor([1]))),
+            bad("trials no non-target", "trials", trials=(torch.tensor([0]), torch.tensor([1]), torch.tensor([True]))),
+            bad(
+                "trials negative index",
+                "trials",
+                trials=(torch.tensor([-1, 0]), torch.tensor([1, 2]), torch.tensor([True, False])),
+            ),
+            bad("distance unknown", "distance", distance="manhattan"),
+            bad("fmr_vals 1.5", "fmr_vals", fmr_vals=(1.5,)),
+            bad("far_rule unknown", "far_rule", far_rule="nearest"),
+            bad("act_dcf_p_target 1", "act_dcf_p_target", act_dcf_p_target=(1.0,)),
+            bad("chunk_size 0", "chunk_size", chunk_size=0),
+            bad("distributed unknown", "distributed", distributed="all"),
+        ],
+        [
+            *update_embedding_cases("embeddings"),
+            bad("embeddings columns unlike the stored", "embeddings", embeddings=X[:, :2]),
+            bad("indexes length", "indexes", indexes=torch.arange(5)),
+            bad("indexes float", "indexes", indexes=torch.arange(6.0)),
         ],
     ),
     "ContrastiveAccuracy": MetricEntry(
