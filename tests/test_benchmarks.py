@@ -1,6 +1,7 @@
 """Smoke tests that keep benchmarks/bench_retrieval.py runnable (no timing is asserted)."""
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -110,3 +111,13 @@ def test_ddp_measures_sharded_families_identical_to_one_process(monkeypatch: pyt
             assert record["identical"] and record["memory_mib"] is None
         (line,) = ddp.summary(records)
         assert line.startswith(family) and "identical True" in line
+
+
+def test_trials_benchmark_prints_every_option_set_and_the_memory(capsys: pytest.CaptureFixture[str]) -> None:
+    load_benchmark("_common")
+    trials = load_benchmark("bench_trials")
+    trials.main(["--scores", "2000", "--embeddings", "300", "--trials", "2000"])
+    out = capsys.readouterr().out
+    for name in trials.OPTION_SETS:
+        assert out.count(f"  {name:<22} ") == len({1, os.cpu_count() or 1}), out  # padded as printed
+    assert "2,000 trials over 300 x 128 embeddings" in out and "working memory" in out
