@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -148,3 +149,14 @@ def slow_metrics(
             for key, value in mean(rows).items():
                 result[f"{key}/class/{group}" if kind == "class" else f"{group}/{key}"] = value
     return result
+
+
+def outcome(metric: Any) -> Any:
+    """``metric.compute()``, or ``{"error": message}`` of the ValueError it raised: what a rank returns, so that the
+    ranks' outcomes (values or the same error everywhere) can be compared."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a rank without update() gets torchmetrics' warning
+            return metric.compute()
+    except ValueError as err:
+        return {"error": str(err)}

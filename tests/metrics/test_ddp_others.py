@@ -9,7 +9,6 @@ an empty rank, and PCF's streamed sums as well as its kept rows.
 from __future__ import annotations
 
 import importlib
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from tests.metrics._distributed import run_distributed
-from tests.metrics._helpers import make_data
+from tests.metrics._helpers import make_data, outcome
 from torchmetrics_retrieval.functional.contrastive import contrastive_accuracy
 from torchmetrics_retrieval.functional.topology import pcf
 from torchmetrics_retrieval.functional.verification import fnmr_at_fmr
@@ -69,15 +68,6 @@ def _update(metric: Any, fields: dict[str, str], data: dict[str, Tensor], rows: 
     metric.update(**{arg: data[name][rows] for name, arg in fields.items()}, indexes=rows if indexes else None)
 
 
-def _outcome(metric: Any) -> Any:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a rank without update() gets torchmetrics' warning
-            return metric.compute()
-    except ValueError as err:
-        return {"error": str(err)}
-
-
 def _by_sampler(rank: int, world_size: int, name: str, data: dict[str, Tensor]) -> Any:
     """DistributedSampler (shuffled, padded with duplicates) and a DataLoader; indexes given."""
     factory, fields = CLASSES[name]
@@ -124,20 +114,20 @@ def _scenarios(rank: int, world_size: int) -> dict[str, Any]:
     outcomes: dict[str, Any] = {}
     calls = _count_sharded_calls()
     for name in CLASSES:
-        outcomes[f"{name}/sampler"] = _outcome(_by_sampler(rank, world_size, name, data))
-        outcomes[f"{name}/uneven"] = _outcome(_by_shards(rank, UNEVEN[world_size], name, data, indexes=True))
-        outcomes[f"{name}/empty_rank"] = _outcome(_by_shards(rank, WITH_EMPTY[world_size], name, data, indexes=True))
+        outcomes[f"{name}/sampler"] = outcome(_by_sampler(rank, world_size, name, data))
+        outcomes[f"{name}/uneven"] = outcome(_by_shards(rank, UNEVEN[world_size], name, data, indexes=True))
+        outcomes[f"{name}/empty_rank"] = outcome(_by_shards(rank, WITH_EMPTY[world_size], name, data, indexes=True))
         # without indexes, contiguous shards in rank order are the whole set once (PCF: the streamed sums)
-        outcomes[f"{name}/no_indexes"] = _outcome(_by_shards(rank, WITH_EMPTY[world_size], name, data, indexes=False))
-        outcomes[f"{name}/nothing"] = _outcome(CLASSES[name][0]())
+        outcomes[f"{name}/no_indexes"] = outcome(_by_shards(rank, WITH_EMPTY[world_size], name, data, indexes=False))
+        outcomes[f"{name}/nothing"] = outcome(CLASSES[name][0]())
     if world_size > 1:  # PCF: rank 0 keeps rows, the others stream sums -> the same error everywhere, no hang
         metric = _by_shards(rank, UNEVEN[world_size], "pcf", data, indexes=rank == 0)
-        outcomes["pcf/mixed"] = _outcome(metric)
+        outcomes["pcf/mixed"] = outcome(metric)
         metric.update(data["features"][:2], indexes=torch.arange(2) if rank == 0 else None)  # still usable
         outcomes["pcf/mixed_local_count"] = int(metric.count) + sum(t.shape[0] for t in metric.embeddings)
         dims = PCF()  # streamed sums of different dimensions
         dims.update(torch.randn(3, 4 + rank))
-        outcomes["pcf/dims"] = _outcome(dims)
+        outcomes["pcf/dims"] = outcome(dims)
     outcomes["sharded_calls"] = {name: len(count) for name, count in calls.items()}
     return outcomes
 

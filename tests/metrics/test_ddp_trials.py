@@ -9,7 +9,6 @@ counted: the same numbers from a fallback to gathering would not pass.
 from __future__ import annotations
 
 import importlib
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from tests.metrics._distributed import run_distributed
+from tests.metrics._helpers import outcome
 from torchmetrics_retrieval.functional.trials import trial_metrics
 from torchmetrics_retrieval.metrics.trials import TrialMetrics
 
@@ -47,15 +47,6 @@ def _data() -> dict[str, Any]:
         "trials": (ids[enrol], ids[test], torch.rand(T, generator=g) < 0.4),
         "rows": (enrol, test),
     }
-
-
-def _outcome(metric: TrialMetrics) -> Any:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a rank without update() gets torchmetrics' warning
-            return metric.compute()
-    except ValueError as err:
-        return {"error": str(err)}
 
 
 def _shards(rank: int, sizes: list[int], data: dict[str, Any], **options: Any) -> TrialMetrics:
@@ -93,11 +84,11 @@ def _scenarios(rank: int, world_size: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for distance in DISTANCES:
         options = {"distance": distance, **OPTIONS}
-        out[f"{distance}/sampler"] = _outcome(_sampler(rank, world_size, data, **options))
-        out[f"{distance}/uneven"] = _outcome(_shards(rank, UNEVEN[world_size], data, **options))
-        out[f"{distance}/empty_rank"] = _outcome(_shards(rank, WITH_EMPTY[world_size], data, **options))
+        out[f"{distance}/sampler"] = outcome(_sampler(rank, world_size, data, **options))
+        out[f"{distance}/uneven"] = outcome(_shards(rank, UNEVEN[world_size], data, **options))
+        out[f"{distance}/empty_rank"] = outcome(_shards(rank, WITH_EMPTY[world_size], data, **options))
         gathered = _shards(rank, UNEVEN[world_size], data, distributed="gather", **options)
-        out[f"{distance}/gather"] = _outcome(gathered)
+        out[f"{distance}/gather"] = outcome(gathered)
     # a trial naming an index nobody updated: the same error on every rank, the state kept, the metric usable
     missing_id = int(data["trials"][1][0])
     metric = TrialMetrics(data["trials"], **OPTIONS)
@@ -105,21 +96,21 @@ def _scenarios(rank: int, world_size: int) -> dict[str, Any]:
     x, ids = data["x"][keep], data["ids"][keep]
     mine = torch.arange(ids.numel()) % world_size == rank
     metric.update(x[mine], ids[mine])
-    out["missing"] = _outcome(metric)
+    out["missing"] = outcome(metric)
     out["missing/kept"] = int(sum(t.shape[0] for t in metric.embeddings)) == int(mine.sum())
     if rank == 0:
         metric.update(data["x"][~keep], data["ids"][~keep])
-    out["missing/then"] = _outcome(metric)
+    out["missing/then"] = outcome(metric)
     # embeddings of another width on each rank: the same error on every rank (no hang), the state kept
     dims = TrialMetrics(data["trials"], **OPTIONS)
     dims.update(torch.randn(3, D + rank), data["ids"][:3])
-    out["dims"] = _outcome(dims)
+    out["dims"] = outcome(dims)
     out["dims/kept"] = [tuple(t.shape) for t in dims.embeddings] == [(3, D + rank)]
     # a zero row under cosine on the last rank only: the one-process ValueError on every rank
     zero = TrialMetrics(data["trials"], **OPTIONS)
     rows = torch.arange(rank, N, world_size)
     zero.update(data["x"][rows] * (data["ids"][rows] != data["ids"][-1])[:, None], data["ids"][rows])
-    out["zero"] = _outcome(zero)
+    out["zero"] = outcome(zero)
     out["sharded_calls"] = len(calls)
     out["received"] = received
     return out
