@@ -827,6 +827,56 @@ FUNCTIONS: dict[str, Entry] = {
         ],
     ),
 }
+
+
+# graded relevance with qrels (issue 42)
+QRELS_GOOD = {
+    "query": X[:3],
+    "query_ids": ["a", "b", "c"],
+    "corpus": X,
+    "corpus_ids": ["u", "v", "w", "x", "y", "z"],
+    "qrels": {"a": {"u": 2, "v": 0}, "b": {"w": 1}},
+    "mrr": True,
+}
+FUNCTIONS["F.qrels_metrics"] = Entry(
+    F.qrels_metrics,
+    QRELS_GOOD,
+    [
+        *embedding_cases("query", X[:3]),
+        *embedding_cases("corpus"),
+        bad("corpus columns", "corpus", corpus=X[:, :2]),
+        bad("query_ids length", "query_ids", query_ids=["a", "b"]),
+        bad("query_ids repeated", "query_ids", query_ids=["a", "a", "c"]),
+        bad("query_ids floats", "query_ids", query_ids=[0.5, 1.5, 2.5]),
+        bad("query_ids a str", "query_ids", query_ids="abc"),
+        bad("corpus_ids float tensor", "corpus_ids", corpus_ids=torch.arange(6.0)),
+        bad("corpus_ids length", "corpus_ids", corpus_ids=["u"]),
+        bad("qrels a list", "qrels", qrels=[("a", "u", 1)]),
+        bad("qrels inner not a dict", "qrels", qrels={"a": ["u"]}),
+        bad("qrels negative grade", "qrels", qrels={"a": {"u": -1}}),
+        bad("qrels float grade", "qrels", qrels={"a": {"u": 1.0}}),
+        bad("qrels lengths", "qrels", qrels=(["a"], ["u", "v"], [1])),
+        bad("qrels pair twice", "qrels", qrels=(["a", "a"], ["u", "u"], [1, 2])),
+        bad("ndcg_top_k 0", "ndcg_top_k", ndcg_top_k=0),
+        bad("map_top_k 1.5", "map_top_k", map_top_k=(1.5,)),
+        bad("recall_top_k str", "recall_top_k", recall_top_k="1"),
+        bad("precision_top_k (0,)", "precision_top_k", precision_top_k=(1, 0)),
+        bad("mrr not a bool", "mrr", mrr="yes"),
+        bad("r_precision not a bool", "r_precision", r_precision=1),
+        bad("no measure", "ndcg_top_k", ndcg_top_k=(), mrr=False),
+        bad("distance sqeuclidean", "distance", distance="sqeuclidean"),
+        bad("relevance_level 0", "relevance_level", relevance_level=0),
+        bad("relevance_level float", "relevance_level", relevance_level=1.0),
+        bad("ignore_identical_ids not a bool", "ignore_identical_ids", ignore_identical_ids="yes"),
+        bad("ties unknown", "ties", ties="random"),
+        bad("confidence_level 1", "confidence_level", confidence_level=1.0),
+        bad("n_bootstrap 0", "n_bootstrap", n_bootstrap=0),
+        bad("seed -1", "seed", seed=-1),
+        bad("knn_backend unknown", "knn_backend", knn_backend="annoy"),
+        bad("chunk_size 0", "chunk_size", chunk_size=0),
+        bad("return_per_query not a bool", "return_per_query", return_per_query="yes"),
+    ],
+)
 for key in ("F.cmc_at_k", "F.map_at_k", "F.ndcg_at_k", "F.recall_at_k", "F.precision_at_k"):
     FUNCTIONS[key].bad[:0] = ranking_cases()
 for key in ("F.average_precision", "F.map_at_r", "F.r_precision"):

@@ -3,6 +3,7 @@
 from torchmetrics_retrieval.functional.clustering import clustering_scores, kmeans
 from torchmetrics_retrieval.functional.comparison import compare_models
 from torchmetrics_retrieval.functional.contrastive import contrastive_accuracy
+from torchmetrics_retrieval.functional.qrels import qrels_metrics
 from torchmetrics_retrieval.functional.ranking import (
     average_precision,
     cmc_at_k,
@@ -71,3 +72,6 @@ __all__ = [
     "trial_metrics",
     "uniformity",
 ]
+
+# graded relevance with qrels (issue 42)
+__all__ += ["qrels_metrics"]
