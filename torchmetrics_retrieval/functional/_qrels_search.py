@@ -70,7 +70,7 @@ def ranked_chunks(
     whole eligible corpus), nearest first; ``complete`` ``(R,)``: the list holds every eligible item of the row."""
     n_query, n_corpus = problem.query.shape[0], problem.gallery.shape[0]
     width = min(depth + 1, n_corpus)
-    search = Search.prepare(problem, width, backend=backend, chunk_size=chunk_size, exact_distances=True)
+    search = Search.prepare(problem, width, backend=backend, chunk_size=chunk_size, exact_distances=False)
     rows_per_chunk = max(1, TABLE_BYTES // (width * _SLOT_BYTES))
     for rows in torch.arange(n_query, device=problem.query.device).split(rows_per_chunk):
         found = search(rows)
@@ -79,7 +79,7 @@ def ranked_chunks(
         deeper = found.distances.shape[1]
         while open_rows.numel():  # rare: a tie group across the deepest cutoff; the list doubles until it closes
             deeper = min(2 * deeper, n_corpus)
-            again = Search.prepare(problem, deeper, backend=backend, chunk_size=chunk_size, exact_distances=True)
+            again = Search.prepare(problem, deeper, backend=backend, chunk_size=chunk_size, exact_distances=False)
             more = again(rows[open_rows])
             found = _padded(found, more.distances.shape[1])
             more = _padded(more, found.distances.shape[1])
