@@ -1031,6 +1031,38 @@ METRICS: dict[str, MetricEntry] = {
 }
 
 
+# graded relevance with qrels (issue 42)
+METRICS["QrelsMetrics"] = MetricEntry(
+    M.QrelsMetrics,
+    {"qrels": {"10": {"100": 2, "101": 0}, "11": {"102": 1}}, "mrr": True},
+    {"query": X[:3], "query_ids": torch.arange(10, 13), "corpus": X, "corpus_ids": torch.arange(100, 106)},
+    [
+        bad("qrels a list", "qrels", qrels=[("10", "100", 1)]),
+        bad("qrels negative grade", "qrels", qrels={"10": {"100": -1}}),
+        bad("ndcg_top_k 0", "ndcg_top_k", ndcg_top_k=0),
+        bad("map_top_k 1.5", "map_top_k", map_top_k=(1.5,)),
+        bad("mrr not a bool", "mrr", mrr="yes"),
+        bad("no measure", "ndcg_top_k", ndcg_top_k=(), mrr=False),
+        bad("distance sqeuclidean", "distance", distance="sqeuclidean"),
+        bad("relevance_level 0", "relevance_level", relevance_level=0),
+        bad("ignore_identical_ids not a bool", "ignore_identical_ids", ignore_identical_ids=1),
+        bad("ties unknown", "ties", ties="random"),
+        bad("confidence_level 2", "confidence_level", confidence_level=2.0),
+        bad("knn_backend unknown", "knn_backend", knn_backend="annoy"),
+        bad("chunk_size 0", "chunk_size", chunk_size=0),
+        bad("prefix not a str", "prefix", prefix=1),
+    ],
+    [
+        *update_embedding_cases("query"),
+        *update_embedding_cases("corpus"),
+        bad("query columns unlike the stored", "query", query=X[:3, :2]),
+        bad("query_ids length", "query_ids", query_ids=torch.arange(2)),
+        bad("query_ids float", "query_ids", query_ids=torch.arange(3.0)),
+        bad("corpus_ids length", "corpus_ids", corpus_ids=torch.arange(5)),
+        bad("corpus without ids", "corpus", corpus_ids=None),
+    ],
+)
+
 # ---- the tests -------------------------------------------------------------------------------------------------------
 
 

@@ -12,6 +12,7 @@ from torchmetrics_retrieval.metrics import (
     CrossModalRetrieval,
     EmbeddingMetrics,
     FNMRAtFMR,
+    QrelsMetrics,  # graded relevance with qrels (issue 42)
     ShardedComputeError,
     TrialMetrics,
 )
@@ -30,3 +31,6 @@ __all__ = [
     "functional",
     "plotting",
 ]
+
+# graded relevance with qrels (issue 42)
+__all__ += ["QrelsMetrics"]

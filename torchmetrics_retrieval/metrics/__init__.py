@@ -8,6 +8,7 @@ from torchmetrics_retrieval.metrics._sharded.faults import ShardedComputeError
 from torchmetrics_retrieval.metrics.contrastive import ContrastiveAccuracy
 from torchmetrics_retrieval.metrics.cross_modal import CrossModalRetrieval
 from torchmetrics_retrieval.metrics.embedding import EmbeddingMetrics
+from torchmetrics_retrieval.metrics.qrels import QrelsMetrics
 from torchmetrics_retrieval.metrics.topology import PCF
 from torchmetrics_retrieval.metrics.trials import TrialMetrics
 from torchmetrics_retrieval.metrics.verification import FNMRAtFMR
@@ -21,3 +22,6 @@ __all__ = [
     "ShardedComputeError",
     "TrialMetrics",
 ]
+
+# graded relevance with qrels (issue 42)
+__all__ += ["QrelsMetrics"]
