@@ -5,7 +5,9 @@ handwritten digits, each image's 64 pixels used as its embedding) and prints a t
 for embeddings and labels saved on disk (``.npy``, ``.npz``, ``.pt``, ``.safetensors``; labels also as a ``.csv``
 or ``.parquet`` table). Both can write a report (``--report DIR``: JSON, per-query values, plots) and compare two
 models query by query (``--compare``). ``evaluate --trials FILE`` scores a verification trial list instead
-(:mod:`torchmetrics_retrieval.cli.trials`). Mistakes in the command or its files print one line and exit with code 2.
+(:mod:`torchmetrics_retrieval.cli.trials`); ``evaluate --qrels FILE`` judges queries against a corpus with graded
+qrels (:mod:`torchmetrics_retrieval.cli.qrels`). Mistakes in the command or its files print one line and exit with
+code 2.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.cli.inputs import Inputs, UsageError, check_rows, encode, load_array, load_labels, read_side
+from torchmetrics_retrieval.cli.qrels import add_qrels_flags
 from torchmetrics_retrieval.cli.trials import add_trial_flags, check_trial_flags
 from torchmetrics_retrieval.functional._options import RetrievalOptions, option_fields
 from torchmetrics_retrieval.functional.retrieval import evaluate
@@ -284,6 +287,11 @@ def _evaluate(args: argparse.Namespace) -> int:
     from torchmetrics_retrieval.cli.trials import evaluate_trials
 
     check_trial_flags(args)
+    if args.qrels is not None:  # graded relevance (issue 42): queries and a corpus, judged by qrels
+        from torchmetrics_retrieval.cli.qrels import evaluate_qrels
+
+        corpus = None if args.gallery is None else _embeddings(args.gallery, "gallery")
+        return evaluate_qrels(args, _embeddings(args.embeddings, "embeddings"), corpus)
     if args.trials is not None:
         return evaluate_trials(args, _embeddings(args.embeddings, "embeddings"))
     if args.labels is None:
@@ -319,6 +327,7 @@ def _parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("evaluate", help="evaluate embeddings saved on disk")
     _add_input_flags(evaluate)
     add_trial_flags(evaluate)
+    add_qrels_flags(evaluate)
     for sub, defaults in ((demo, _DEMO_DEFAULTS), (evaluate, _CLI_DEFAULTS)):
         _add_option_flags(sub, defaults)
         _add_output_flags(sub)
