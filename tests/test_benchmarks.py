@@ -121,3 +121,14 @@ def test_trials_benchmark_prints_every_option_set_and_the_memory(capsys: pytest.
     for name in trials.OPTION_SETS:
         assert out.count(f"  {name:<22} ") == len({1, os.cpu_count() or 1}), out  # padded as printed
     assert "2,000 trials over 300 x 128 embeddings" in out and "working memory" in out
+
+
+def test_qrels_benchmark_runs_and_agrees_with_pytrec_eval(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("pytrec_eval")
+    load_benchmark("_common")  # the benchmark imports it by this name
+    qrels = load_benchmark("bench_qrels")
+    qrels.main(["--corpus", "3000", "--queries", "50", "--dim", "16", "--memory-corpus", "2000", "--threads", "1"])
+    out = capsys.readouterr().out
+    assert "MTEB/BEIR pipeline" in out and "x the pipeline" in out and "peak memory above" in out
+    gap = float(out.split("recall/100, precision/10: ")[1].split(";")[0])
+    assert gap < 1e-6  # the same measures as pytrec_eval on the pipeline's run
