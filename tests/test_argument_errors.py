@@ -25,6 +25,7 @@ from torch import Tensor
 import torchmetrics_retrieval.functional as F
 import torchmetrics_retrieval.metrics as M
 from torchmetrics_retrieval.compat import nidl, oml, pml
+from torchmetrics_retrieval.compat.sentence_transformers import information_retrieval_scores
 from torchmetrics_retrieval.metrics import (
     PCF,
     ContrastiveAccuracy,
@@ -875,6 +876,24 @@ FUNCTIONS["F.qrels_metrics"] = Entry(
         bad("knn_backend unknown", "knn_backend", knn_backend="annoy"),
         bad("chunk_size 0", "chunk_size", chunk_size=0),
         bad("return_per_query not a bool", "return_per_query", return_per_query="yes"),
+    ],
+)
+FUNCTIONS["compat.sentence_transformers.information_retrieval_scores"] = Entry(
+    information_retrieval_scores,
+    {key: QRELS_GOOD[key] for key in ("query", "query_ids", "corpus", "corpus_ids")}
+    | {"relevant_docs": {"a": {"u"}, "b": {"w", "x"}}},
+    [
+        *embedding_cases("query", X[:3]),
+        bad("query_ids repeated", "query_ids", query_ids=["a", "a", "c"]),
+        bad("relevant_docs a list", "relevant_docs", relevant_docs=[("a", "u")]),
+        bad("relevant_docs a str per query", "relevant_docs", relevant_docs={"a": "u"}),
+        bad("accuracy_at_k 0", "accuracy_at_k", accuracy_at_k=0),
+        bad("precision_recall_at_k 1.5", "precision_recall_at_k", precision_recall_at_k=(1.5,)),
+        bad("mrr_at_k str", "mrr_at_k", mrr_at_k="1"),
+        bad("ndcg_at_k (0,)", "ndcg_at_k", ndcg_at_k=(1, 0)),
+        bad("map_at_k -1", "map_at_k", map_at_k=-1),
+        bad("score_function euclidean", "score_function", score_function="euclidean"),
+        bad("name not a str", "name", name=1),
     ],
 )
 for key in ("F.cmc_at_k", "F.map_at_k", "F.ndcg_at_k", "F.recall_at_k", "F.precision_at_k"):
