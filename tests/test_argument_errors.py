@@ -893,7 +893,7 @@ FUNCTIONS["compat.sentence_transformers.information_retrieval_scores"] = Entry(
         bad("ndcg_at_k (0,)", "ndcg_at_k", ndcg_at_k=(1, 0)),
         bad("map_at_k -1", "map_at_k", map_at_k=-1),
         bad("score_function euclidean", "score_function", score_function="euclidean"),
-        bad("name not a str", "name", name=1),
+        Bad("name not a str", {"name": 1}, "name"),
     ],
 )
 for key in ("F.cmc_at_k", "F.map_at_k", "F.ndcg_at_k", "F.recall_at_k", "F.precision_at_k"):
