@@ -79,6 +79,7 @@ class QrelsMetrics(Metric):
         kwargs: torchmetrics' options (``process_group``, ``dist_sync_fn``, ...).
 
     Example:
+        >>> import torch
         >>> metric = QrelsMetrics({"1": {"11": 2, "12": 1}, "2": {"10": 1}}, ndcg_top_k=2, mrr=True)
         >>> corpus = torch.tensor([[1.0, 0.1], [0.1, 1.0], [1.0, 1.0]])
         >>> metric.update(corpus=corpus, corpus_ids=torch.tensor([10, 11, 12]))
