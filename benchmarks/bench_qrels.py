@@ -109,7 +109,7 @@ def memory(n_corpus: int, n_queries: int, dim: int, threads: int, backend: str =
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--corpus", type=int, default=200_000)
+    parser.add_argument("--corpus", type=int, default=200_000, help="0: no comparison")
     parser.add_argument("--queries", type=int, default=5_000)
     parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("--memory-corpus", type=int, default=1_000_000, help="0: no memory run")
@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=sorted({1, os.cpu_count() or 1}))
     parser.add_argument("--memory-backend", default="auto", choices=("auto", "torch", "faiss"))
     args = parser.parse_args(argv)
-    for threads in args.threads:
+    for threads in args.threads if args.corpus else ():  # --corpus 0: the memory run only
         print("\n".join(compare(args.corpus, args.queries, args.dim, threads)), flush=True)
     if args.memory_corpus:
         line = memory(args.memory_corpus, args.memory_queries, args.dim, max(args.threads), args.memory_backend)
