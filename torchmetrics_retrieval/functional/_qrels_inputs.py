@@ -68,7 +68,7 @@ def _grade(value: Any) -> int:
 def parse_qrels(qrels: Any) -> list[tuple[str, str, int]]:
     """The judgements as ``(query id, document id, grade)`` strings and ints, each (query, document) once."""
     if isinstance(qrels, Mapping):
-        triples = []
+        triples: list[tuple[str, str, int]] = []
         for qid, docs in qrels.items():
             if not isinstance(docs, Mapping):
                 raise TypeError(f"`qrels` must map each query id to a {{doc id: grade}} dict, got {describe(docs)}.")
