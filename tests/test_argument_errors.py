@@ -981,6 +981,36 @@ METRICS: dict[str, MetricEntry] = {
 }
 
 
+# audit of an approximate index (issue 43)
+AUDIT_TABLE = torch.tensor([[1, 2], [0, -1], [3, 3], [2, 4], [5, 3], [4, 0]])
+FUNCTIONS["F.audit_neighbours"] = Entry(
+    F.audit_neighbours,
+    {"query": X, "neighbours": AUDIT_TABLE},
+    [
+        *embedding_cases("query"),
+        bad("gallery columns", "gallery", gallery=X[:, :2]),
+        bad("gallery NaN", "gallery", gallery=with_nan(X)),
+        bad("neighbours numpy", "neighbours", neighbours=AUDIT_TABLE.numpy()),
+        bad("neighbours 1-D", "neighbours", neighbours=AUDIT_TABLE[:, 0]),
+        bad("neighbours float", "neighbours", neighbours=AUDIT_TABLE.float()),
+        bad("neighbours bool", "neighbours", neighbours=AUDIT_TABLE > 0),
+        bad("neighbours rows", "neighbours", neighbours=AUDIT_TABLE[:5]),
+        bad("neighbours no column", "neighbours", neighbours=AUDIT_TABLE[:, :0]),
+        bad("neighbours -2", "neighbours", neighbours=AUDIT_TABLE - 2),
+        bad("neighbours beyond the gallery", "neighbours", neighbours=AUDIT_TABLE + 6),
+        bad("k 0", "k", k=0),
+        bad("k 1.5", "k", k=1.5),
+        bad("k wider than the table", "k", k=3),
+        bad("distance unknown", "distance", distance="manhattan"),
+        bad("backend unknown", "backend", backend="gpu"),
+        bad("chunk_size 0", "chunk_size", chunk_size=0),
+        bad("exclude_self str", "exclude_self", exclude_self="yes"),
+        bad("sequence_ids length", "sequence_ids", sequence_ids=Y[:5]),
+        bad("search_groups float", "search_groups", search_groups=Y.float()),
+        bad("return_per_query not a bool", "return_per_query", return_per_query="yes"),
+    ],
+)
+
 # ---- the tests -------------------------------------------------------------------------------------------------------
 
 
