@@ -1011,6 +1011,18 @@ FUNCTIONS["F.audit_neighbours"] = Entry(
     ],
 )
 
+# retrieval_metrics on given neighbour lists (issue 43)
+FUNCTIONS["F.retrieval_metrics"].bad.extend(
+    [
+        bad("neighbours numpy", "neighbours", neighbours=AUDIT_TABLE.numpy()),
+        bad("neighbours float", "neighbours", neighbours=AUDIT_TABLE.float()),
+        bad("neighbours 1-D", "neighbours", neighbours=AUDIT_TABLE[:, 0]),
+        bad("neighbours rows", "neighbours", neighbours=AUDIT_TABLE[:4]),
+        bad("neighbours beyond the set", "neighbours", neighbours=AUDIT_TABLE + 6),
+        bad("neighbours with full map", "neighbours", neighbours=AUDIT_TABLE, map_full=True),
+    ]
+)
+
 # ---- the tests -------------------------------------------------------------------------------------------------------
 
 

@@ -33,33 +33,13 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._checks import check_positive_int, describe
+from torchmetrics_retrieval.functional._given import check_table
 from torchmetrics_retrieval.functional._search.certify import canonical_distances
 from torchmetrics_retrieval.functional._search.rounds import Search
 from torchmetrics_retrieval.functional._search.types import KNNResult
 from torchmetrics_retrieval.functional.search import Distance, KNNBackend, _checked_search
 
 __all__ = ["audit_neighbours"]
-
-
-def _check_neighbours(value: object, n_query: int, n_gallery: int) -> Tensor:
-    """A ``(Q, w)`` integer tensor of gallery positions in ``[-1, G)``, ``w >= 1``."""
-    if not isinstance(value, Tensor):
-        raise TypeError(
-            f"`neighbours` must be a (Q, k) integer torch.Tensor (torch.from_numpy converts faiss's), "
-            f"got {describe(value)}."
-        )
-    if value.ndim != 2:
-        raise ValueError(f"`neighbours` must be 2-D of shape (Q, k), got {describe(value)}.")
-    if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
-        raise TypeError(f"`neighbours` must have an integer dtype, got {describe(value)}.")
-    if value.shape[0] != n_query or value.shape[1] == 0:
-        raise ValueError(f"`neighbours` must have {n_query} rows (one per query) and a column, got {describe(value)}.")
-    if value.numel() and (int(value.min()) < -1 or int(value.max()) >= n_gallery):
-        raise ValueError(
-            f"`neighbours` must hold gallery positions in [-1, {n_gallery}) (-1: no result), "
-            f"got values in [{int(value.min())}, {int(value.max())}]."
-        )
-    return value.long()
 
 
 def _check_k(k: object, width: int) -> int:
@@ -216,7 +196,7 @@ def audit_neighbours(
         query, gallery, k_, distance, exclude_self, sequence_ids, search_groups, backend, chunk_size, True
     )
     problem = search.problem
-    table = _check_neighbours(neighbours, problem.query.shape[0], problem.gallery.shape[0])
+    table = check_table(neighbours, problem.query.shape[0], problem.gallery.shape[0], "gallery positions")
     table = table.to(problem.query.device)[:, :k_]
     exact = search(torch.arange(problem.query.shape[0], device=problem.query.device))
     per_query = audit_values(search, exact, table, k_)
