@@ -1023,6 +1023,28 @@ FUNCTIONS["F.retrieval_metrics"].bad.extend(
     ]
 )
 
+# approximate evaluation with an exact audit (issue 43)
+APPROXIMATE_CASES = [
+    bad("approximate_index int", "approximate_index", approximate_index=3),
+    bad("approximate_index empty", "approximate_index", approximate_index=" "),
+    bad("approximate_params int", "approximate_params", approximate_params=32),
+    bad("audit_queries 0", "audit_queries", audit_queries=0),
+    bad("audit_queries 1.5", "audit_queries", audit_queries=1.5),
+]
+FUNCTIONS["F.retrieval_metrics"].bad.extend(
+    [
+        *APPROXIMATE_CASES,
+        bad("approximate_index unknown", "approximate_index", approximate_index="IVF2,Nonsense"),
+        bad("approximate_params unknown", "approximate_params", approximate_index="Flat", approximate_params="x=1"),
+        bad("neighbours with approximate_index", "approximate_index", neighbours=AUDIT_TABLE, approximate_index="Flat"),
+    ]
+)
+FUNCTIONS["F.RetrievalOptions.create"].bad.extend(APPROXIMATE_CASES)
+METRICS["EmbeddingMetrics"].bad_init.extend(APPROXIMATE_CASES)
+METRICS["CrossModalRetrieval"].bad_init.extend(
+    [*APPROXIMATE_CASES, bad("approximate_index not supported", "approximate_index", approximate_index="Flat")]
+)
+
 # ---- the tests -------------------------------------------------------------------------------------------------------
 
 

@@ -107,6 +107,8 @@ def _add_option_flags(parser: argparse.ArgumentParser, defaults: dict[str, Any])
             group.add_argument(*flags, type=float, nargs=2, metavar=("C_MISS", "C_FA"), **common)
         elif kind.name == "level_or_none":
             group.add_argument(*flags, type=float, metavar="C", **common)
+        elif kind.name in ("str", "str_or_none"):
+            group.add_argument(*flags, metavar="TEXT", **common)
 
 
 def _add_output_flags(parser: argparse.ArgumentParser) -> None:

@@ -31,9 +31,10 @@ def check_given_options(options: RetrievalOptions) -> None:
     """Refuse the options that need the full ranking, which a neighbour list does not give."""
     asked = [name for name in FULL_RANKING_OPTIONS if getattr(options, name)]
     if asked:
+        given = "approximate_index" if options.approximate_index is not None else "neighbours"
         raise ValueError(
-            f"`neighbours` gives ranked lists, not the full ranking that {asked} need; leave them out or evaluate "
-            "them without `neighbours`."
+            f"`{given}` gives ranked lists, not the full ranking that {asked} need; leave them out or evaluate "
+            f"them without `{given}`."
         )
 
 

@@ -220,6 +220,9 @@ def retrieval_metrics(
     knn_backend: KNNBackend = "auto",
     chunk_size: int | None = None,
     progress: bool = False,
+    approximate_index: str | None = None,
+    approximate_params: str = "",
+    audit_queries: int = 2000,
 ) -> dict[str, Tensor] | tuple[dict[str, Tensor], RetrievalResult | None]:
     """Retrieval metrics of embeddings, exact (definitions: docs/definitions.md), as a flat dict of scalars.
 
@@ -279,6 +282,12 @@ def retrieval_metrics(
         knn_backend: kNN backend.
         chunk_size: rows per distance block (None: from a memory budget).
         progress: progress bars (tqdm, on stderr) on the passes that take more than a second.
+        approximate_index: faiss index_factory string of an approximate index (None: exact search): every
+            query is then searched on that index (keys ``approx/{key}``) and ``audit_queries`` of them, drawn
+            with ``seed``, exactly (keys ``audit/...``; docs/definitions.md).
+        approximate_params: faiss search parameters of that index, e.g. nprobe=32 (faiss's ``ParameterSpace``
+            syntax, comma-separated).
+        audit_queries: queries of the exact audit of an approximate index (all of them when there are fewer).
 
     The options (from ``cmc_top_k`` on) are the fields of :class:`RetrievalOptions`, which checks them.
 
@@ -344,7 +353,11 @@ def evaluate(
         categories=categories,
         camera_ids=camera_ids,
     )
-    if neighbours is not None:
+    if neighbours is not None and opts.approximate_index is not None:
+        raise ValueError(
+            "`neighbours` gives an index's lists and `approximate_index` builds one: pass one of them, got both."
+        )
+    if neighbours is not None or opts.approximate_index is not None:
         check_given_options(opts)
     with shown(opts.progress):
         metrics, result = _evaluate_checked(
@@ -370,7 +383,11 @@ def _evaluate_checked(
     qg = _normalized(qg) if opts.normalize else qg
     result = None
     metrics: dict[str, Tensor] = {}
-    if opts.needs_ranking and neighbours is not None:
+    if opts.needs_ranking and opts.approximate_index is not None:
+        from torchmetrics_retrieval.functional._approximate import approximate_evaluation  # (faiss, when asked)
+
+        metrics, result = approximate_evaluation(qg, opts, keep_neighbours)
+    elif opts.needs_ranking and neighbours is not None:
         n_input = query.shape[0] if gallery is None else gallery.shape[0]
         depth = search_depth(opts, count_relevant(qg, opts))
         found = given_neighbours(qg, neighbours, n_input, depth, opts.distance)
