@@ -82,19 +82,30 @@ def build_index(gallery: Tensor, options: RetrievalOptions) -> object:
     return index
 
 
-def approximate_lists(qg: QueryGallery, options: RetrievalOptions, depth: int) -> Tensor:
-    """``(Q, depth)`` gallery items of each query from the index, -1 for none, the query's own id dropped."""
+def approximate_lists(qg: QueryGallery, options: RetrievalOptions, depth: int) -> tuple[Tensor, Tensor]:
+    """``(Q, depth)`` gallery items of each query from the index (-1 for none, the query's own id dropped) and their
+    distances as the index computed them (float32, in ``options.distance``)."""
     index = build_index(qg.gallery, options)
     own = qg.self_index
     extra = int(bool((own >= 0).any()))  # one deeper when a query may find itself
     width = min(depth + extra, qg.gallery.shape[0])
-    found = torch.from_numpy(index.search(_rows(qg.query, options.distance), width)[1]).to(qg.query.device)  # type: ignore[attr-defined]
+    scores, found_ = index.search(_rows(qg.query, options.distance), width)  # type: ignore[attr-defined]
+    found, scores = torch.from_numpy(found_).to(qg.query.device), torch.from_numpy(scores).to(qg.query.device)
+    # faiss reports squared L2, or inner products: the package's distances are monotone in them
+    if options.distance == "euclidean":
+        scores = scores.clamp(min=0).sqrt()
+    elif options.distance in ("dot", "cosine"):
+        scores = -scores if options.distance == "dot" else 1.0 - scores
     if extra:
         itself = found == own[:, None]
         order = torch.sort(itself.to(torch.int8), dim=1, stable=True).indices  # the others first, in their order
-        found = torch.where(itself, -1, found).gather(1, order)
-    found = found[:, :depth]
-    return torch.nn.functional.pad(found, (0, depth - found.shape[1]), value=-1)
+        found, scores = torch.where(itself, -1, found).gather(1, order), scores.gather(1, order)
+    found, scores = found[:, :depth], scores[:, :depth]
+    missing = depth - found.shape[1]
+    return (
+        torch.nn.functional.pad(found, (0, missing), value=-1),
+        torch.nn.functional.pad(scores, (0, missing), value=float("inf")),
+    )
 
 
 def _paired(
@@ -133,10 +144,10 @@ def approximate_evaluation(
     n_query, device = qg.query.shape[0], qg.query.device
     depth = search_depth(options, count_relevant(qg, options))
     with section("approximate search", n_query, unit="query"):
-        lists = approximate_lists(qg, options, depth)
+        lists, scores = approximate_lists(qg, options, depth)
     positions = torch.where(lists >= 0, qg.gallery_positions[lists.clamp(min=0)], -1)
     n_input = int(qg.gallery_positions.max()) + 1
-    found = given_neighbours(qg, positions, n_input, depth, options.distance)
+    found = given_neighbours(qg, positions, n_input, depth, options.distance, scores)
     approx = per_query(qg, options, keep_neighbours, found, listed=True)
     metrics = {f"approx/{key}": value for key, value in reduce_per_query(approx, options).items()}
     # the audit: a random sample of the queries, searched exactly against the whole gallery

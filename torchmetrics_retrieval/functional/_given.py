@@ -16,8 +16,6 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional._checks import describe
 from torchmetrics_retrieval.functional._options import RetrievalOptions
-from torchmetrics_retrieval.functional._search.certify import canonical_distances
-from torchmetrics_retrieval.functional._search.problem import make_problem
 from torchmetrics_retrieval.functional._search.types import KNNResult
 from torchmetrics_retrieval.functional._sets import QueryGallery
 
@@ -59,12 +57,36 @@ def check_table(value: object, n_query: int, n_positions: int, what: str) -> Ten
     return value.long()
 
 
-def given_neighbours(qg: QueryGallery, table: object, n_input: int, depth: int, distance: str) -> KNNResult:
+#: Pairs whose distance is computed at once: their float64 rows take 2 x 16k x D x 8 bytes (32 MiB at D = 128).
+PAIR_BLOCK = 2**14
+
+
+def pair_distances(query: Tensor, gallery: Tensor, rows: Tensor, cols: Tensor, distance: str) -> Tensor:
+    """Float64 distances of the pairs ``(query[rows[i]], gallery[cols[i]])``, block by block of pairs."""
+    out = torch.empty(rows.numel(), dtype=torch.float64, device=query.device)
+    for start in range(0, rows.numel(), PAIR_BLOCK):
+        q = query[rows[start : start + PAIR_BLOCK]].to(torch.float64)
+        g = gallery[cols[start : start + PAIR_BLOCK]].to(torch.float64)
+        if distance in ("euclidean", "sqeuclidean"):
+            value = ((q - g) ** 2).sum(dim=1)
+            value = value.sqrt() if distance == "euclidean" else value
+        elif distance == "dot":
+            value = -(q * g).sum(dim=1)
+        else:
+            value = 1.0 - (q * g).sum(dim=1) / (q.norm(dim=1) * g.norm(dim=1))
+        out[start : start + PAIR_BLOCK] = value
+    return out
+
+
+def given_neighbours(
+    qg: QueryGallery, table: object, n_input: int, depth: int, distance: str, distances: Tensor | None = None
+) -> KNNResult:
     """The checked list ``table`` of every query of ``qg`` as a :class:`KNNResult` of ``max(depth, w)`` columns,
-    ``valid`` False in its empty slots (see the module); distances canonical (+inf where empty).
+    ``valid`` False in its empty slots (see the module), +inf distance there.
 
     ``n_input``: the rows of the input set that the positions index (the whole set when ``gallery`` was None,
-    the gallery otherwise); ``distance``: of the distances reported.
+    the gallery otherwise); ``distance``: of the distances reported, computed in float64 per pair (for the
+    report, not the ranking, which is the list's), or ``distances`` ``(Q, w)`` when the index gave them.
     """
     n_query, device = qg.query.shape[0], qg.query.device
     table = check_table(table, n_query, n_input, "positions of the input set").to(device)
@@ -78,15 +100,16 @@ def given_neighbours(qg: QueryGallery, table: object, n_input: int, depth: int, 
     first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
     keep = torch.empty_like(first).scatter_(1, order, first)
     valid = keep & (items >= 0)
-    exclusions = qg.exclusions()
-    valid &= exclusions.fill_excluded_(torch.ones_like(valid), slice(None), items.clamp(min=0), False)
+    valid &= qg.exclusions().fill_excluded_(torch.ones_like(valid), slice(None), items.clamp(min=0), False)
     width = max(depth, table.shape[1])
     indices = torch.zeros(n_query, width, dtype=torch.long, device=device)
     indices[:, : table.shape[1]] = torch.where(valid, items, 0)
     valid = torch.nn.functional.pad(valid, (0, width - table.shape[1]), value=False)
-    distances = torch.full((n_query, width), float("inf"), dtype=qg.query.dtype, device=device)
-    problem = make_problem(qg.query, qg.gallery, distance, exclusions, qg.same_set)
+    reported = torch.full((n_query, width), float("inf"), dtype=qg.query.dtype, device=device)
     rows, cols = torch.nonzero(valid, as_tuple=True)
-    every = torch.arange(n_query, device=device)
-    distances[rows, cols] = canonical_distances(problem, every, rows, indices[rows, cols]).to(qg.query.dtype)
-    return KNNResult(distances, indices, valid)
+    if distances is not None:
+        reported[rows, cols] = distances.to(device, qg.query.dtype)[rows, cols]
+    else:
+        pairs = pair_distances(qg.query, qg.gallery, rows, indices[rows, cols], distance)
+        reported[rows, cols] = pairs.to(qg.query.dtype)
+    return KNNResult(reported, indices, valid)

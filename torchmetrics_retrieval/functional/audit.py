@@ -22,7 +22,7 @@ the whole set returns the query itself first, so search it for ``k + 1`` and dro
 column, which may be its duplicate), or pass ``exclude_self=False`` to audit it as it is.
 
 Cost: the exact search, plus a sort and a ``searchsorted`` of the ``(Q, k)`` table and the canonical distances of
-its ``Q k`` pairs (no loop over queries, no ``(Q, G)`` matrix).
+the returned items that are not among the exact top k (no loop over queries, no ``(Q, G)`` matrix).
 """
 
 from __future__ import annotations
@@ -72,11 +72,12 @@ def audit_values(search: Search, exact: KNNResult, neighbours: Tensor, k: int) -
     else:
         member = torch.zeros_like(distinct)
         nearest = torch.zeros_like(n_exact, dtype=torch.bool)
-    # items as near as the exact k-th one, in canonical float64 distances (the k-th one's recomputed alike)
+    # items as near as the exact k-th one, in canonical float64 distances (the k-th one's recomputed alike); an
+    # item of the exact top k is one, so only the others are computed (few, for a useful index)
     eligible = distinct & problem.exclusions.fill_excluded_(
         torch.ones_like(distinct), slice(None), found.clamp(min=0), False
     )
-    pair_rows, pair_cols = torch.nonzero(eligible, as_tuple=True)
+    pair_rows, pair_cols = torch.nonzero(eligible & ~member, as_tuple=True)
     has_kth = torch.nonzero(n_exact > 0).flatten()
     kth_items = exact.indices[has_kth, (n_exact[has_kth] - 1)]
     both = canonical_distances(
@@ -84,7 +85,7 @@ def audit_values(search: Search, exact: KNNResult, neighbours: Tensor, k: int) -
     )
     kth = torch.full((n_query,), float("-inf"), dtype=torch.float64, device=device)
     kth[has_kth] = both[pair_rows.numel() :]
-    near = torch.zeros_like(distinct)
+    near = member.clone()
     near[pair_rows, pair_cols] = both[: pair_rows.numel()] <= kth[pair_rows]
     nothing = n_exact == 0  # no eligible item: nothing to find, every recall is 1
     denominator = n_exact.clamp(min=1).to(torch.float64)
