@@ -121,3 +121,14 @@ def test_trials_benchmark_prints_every_option_set_and_the_memory(capsys: pytest.
     for name in trials.OPTION_SETS:
         assert out.count(f"  {name:<22} ") == len({1, os.cpu_count() or 1}), out  # padded as printed
     assert "2,000 trials over 300 x 128 embeddings" in out and "working memory" in out
+
+
+def test_audit_benchmark_prints_the_audit_cost_and_both_evaluations(capsys: pytest.CaptureFixture[str]) -> None:
+    load_benchmark("_common")
+    audit = load_benchmark("bench_audit")
+    audit.main(["--audit-queries", "300", "--audit-gallery", "3000", "--sizes", "2000", "4000", "--target", "8000"])
+    out = capsys.readouterr().out
+    n_threads = len({1, os.cpu_count() or 1})
+    assert out.count("audit_neighbours") == n_threads, out
+    assert out.count("approximate + audit") == 3 * n_threads, out  # two sizes, and the extrapolation
+    assert out.count("extrapolated to N = 8,000 from N = 2,000 and 4,000") == n_threads, out
