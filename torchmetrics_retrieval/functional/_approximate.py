@@ -24,6 +24,8 @@ the whole gallery (a per-process index would make the metrics depend on the numb
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -46,7 +48,7 @@ from torchmetrics_retrieval.functional.reduction import _apply_empty_target_acti
 __all__ = ["approximate_evaluation", "approximate_lists"]
 
 
-def _rows(x: Tensor, distance: str) -> object:
+def _rows(x: Tensor, distance: str) -> Any:
     """The rows as faiss takes them: contiguous float32 numpy, unit rows for cosine."""
     x = x.detach().to("cpu", torch.float32)
     if distance == "cosine":
@@ -54,13 +56,13 @@ def _rows(x: Tensor, distance: str) -> object:
     return x.contiguous().numpy()
 
 
-def build_index(gallery: Tensor, options: RetrievalOptions) -> object:
+def build_index(gallery: Tensor, options: RetrievalOptions) -> Any:
     """The trained, filled faiss index of ``options.approximate_index`` with ``approximate_params`` set."""
     import faiss
 
     metric = faiss.METRIC_INNER_PRODUCT if options.distance in ("cosine", "dot") else faiss.METRIC_L2
     try:
-        index = faiss.index_factory(gallery.shape[1], options.approximate_index, metric)
+        index = faiss.index_factory(gallery.shape[1], str(options.approximate_index), metric)
     except RuntimeError as error:
         first = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
         raise ValueError(
@@ -73,7 +75,8 @@ def build_index(gallery: Tensor, options: RetrievalOptions) -> object:
     index.add(rows)
     if options.approximate_params:
         try:
-            faiss.ParameterSpace().set_index_parameters(index, options.approximate_params)
+            # (faiss's stub types the parameters as an int: the function takes the "name=value,..." string)
+            faiss.ParameterSpace().set_index_parameters(index, options.approximate_params)  # type: ignore[arg-type]
         except RuntimeError as error:
             raise ValueError(
                 f"`approximate_params` must be search parameters of {options.approximate_index!r} like "
@@ -89,7 +92,7 @@ def approximate_lists(qg: QueryGallery, options: RetrievalOptions, depth: int) -
     own = qg.self_index
     extra = int(bool((own >= 0).any()))  # one deeper when a query may find itself
     width = min(depth + extra, qg.gallery.shape[0])
-    scores, found_ = index.search(_rows(qg.query, options.distance), width)  # type: ignore[attr-defined]
+    scores, found_ = index.search(_rows(qg.query, options.distance), width)
     found, scores = torch.from_numpy(found_).to(qg.query.device), torch.from_numpy(scores).to(qg.query.device)
     # faiss reports squared L2, or inner products: the package's distances are monotone in them
     if options.distance == "euclidean":
