@@ -1082,6 +1082,71 @@ METRICS["QrelsMetrics"] = MetricEntry(
     ],
 )
 
+
+# audit of an approximate index (issue 43)
+AUDIT_TABLE = torch.tensor([[1, 2], [0, -1], [3, 3], [2, 4], [5, 3], [4, 0]])
+FUNCTIONS["F.audit_neighbours"] = Entry(
+    F.audit_neighbours,
+    {"query": X, "neighbours": AUDIT_TABLE},
+    [
+        *embedding_cases("query"),
+        bad("gallery columns", "gallery", gallery=X[:, :2]),
+        bad("gallery NaN", "gallery", gallery=with_nan(X)),
+        bad("neighbours numpy", "neighbours", neighbours=AUDIT_TABLE.numpy()),
+        bad("neighbours 1-D", "neighbours", neighbours=AUDIT_TABLE[:, 0]),
+        bad("neighbours float", "neighbours", neighbours=AUDIT_TABLE.float()),
+        bad("neighbours bool", "neighbours", neighbours=AUDIT_TABLE > 0),
+        bad("neighbours rows", "neighbours", neighbours=AUDIT_TABLE[:5]),
+        bad("neighbours no column", "neighbours", neighbours=AUDIT_TABLE[:, :0]),
+        bad("neighbours -2", "neighbours", neighbours=AUDIT_TABLE - 2),
+        bad("neighbours beyond the gallery", "neighbours", neighbours=AUDIT_TABLE + 6),
+        bad("k 0", "k", k=0),
+        bad("k 1.5", "k", k=1.5),
+        bad("k wider than the table", "k", k=3),
+        bad("distance unknown", "distance", distance="manhattan"),
+        bad("backend unknown", "backend", backend="gpu"),
+        bad("chunk_size 0", "chunk_size", chunk_size=0),
+        bad("exclude_self str", "exclude_self", exclude_self="yes"),
+        bad("sequence_ids length", "sequence_ids", sequence_ids=Y[:5]),
+        bad("search_groups float", "search_groups", search_groups=Y.float()),
+        bad("return_per_query not a bool", "return_per_query", return_per_query="yes"),
+    ],
+)
+
+# retrieval_metrics on given neighbour lists (issue 43)
+FUNCTIONS["F.retrieval_metrics"].bad.extend(
+    [
+        bad("neighbours numpy", "neighbours", neighbours=AUDIT_TABLE.numpy()),
+        bad("neighbours float", "neighbours", neighbours=AUDIT_TABLE.float()),
+        bad("neighbours 1-D", "neighbours", neighbours=AUDIT_TABLE[:, 0]),
+        bad("neighbours rows", "neighbours", neighbours=AUDIT_TABLE[:4]),
+        bad("neighbours beyond the set", "neighbours", neighbours=AUDIT_TABLE + 6),
+        bad("neighbours with full map", "neighbours", neighbours=AUDIT_TABLE, map_full=True),
+    ]
+)
+
+# approximate evaluation with an exact audit (issue 43)
+APPROXIMATE_CASES = [
+    bad("approximate_index int", "approximate_index", approximate_index=3),
+    bad("approximate_index empty", "approximate_index", approximate_index=" "),
+    bad("approximate_params int", "approximate_params", approximate_params=32),
+    bad("audit_queries 0", "audit_queries", audit_queries=0),
+    bad("audit_queries 1.5", "audit_queries", audit_queries=1.5),
+]
+FUNCTIONS["F.retrieval_metrics"].bad.extend(
+    [
+        *APPROXIMATE_CASES,
+        bad("approximate_index unknown", "approximate_index", approximate_index="IVF2,Nonsense"),
+        bad("approximate_params unknown", "approximate_params", approximate_index="Flat", approximate_params="x=1"),
+        bad("neighbours with approximate_index", "approximate_index", neighbours=AUDIT_TABLE, approximate_index="Flat"),
+    ]
+)
+FUNCTIONS["F.RetrievalOptions.create"].bad.extend(APPROXIMATE_CASES)
+METRICS["EmbeddingMetrics"].bad_init.extend(APPROXIMATE_CASES)
+METRICS["CrossModalRetrieval"].bad_init.extend(
+    [*APPROXIMATE_CASES, bad("approximate_index not supported", "approximate_index", approximate_index="Flat")]
+)
+
 # ---- the tests -------------------------------------------------------------------------------------------------------
 
 

@@ -132,3 +132,14 @@ def test_qrels_benchmark_runs_and_agrees_with_pytrec_eval(capsys: pytest.Capture
     assert "MTEB/BEIR pipeline" in out and "x the pipeline" in out and "peak memory above" in out
     gap = float(out.split("recall/100, precision/10: ")[1].split(";")[0])
     assert gap < 1e-6  # the same measures as pytrec_eval on the pipeline's run
+
+
+def test_audit_benchmark_prints_the_audit_cost_and_both_evaluations(capsys: pytest.CaptureFixture[str]) -> None:
+    load_benchmark("_common")
+    audit = load_benchmark("bench_audit")
+    audit.main(["--audit-queries", "300", "--audit-gallery", "3000", "--sizes", "2000", "4000", "--target", "8000"])
+    out = capsys.readouterr().out
+    n_threads = len({1, os.cpu_count() or 1})
+    assert out.count("audit_neighbours") == n_threads, out
+    assert out.count("approximate + audit") == 3 * n_threads, out  # two sizes, and the extrapolation
+    assert out.count("extrapolated to N = 8,000 from N = 2,000 and 4,000") == n_threads, out

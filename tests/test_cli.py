@@ -137,3 +137,33 @@ def test_evaluate_files_on_disk(tmp_path, capsys) -> None:  # type: ignore[no-un
     _, neighbours = NearestNeighbors(n_neighbors=1).fit(digits.data[1000:]).kneighbors(digits.data[:1000])
     expected = (digits.target[1000:][neighbours[:, 0]] == digits.target[:1000]).mean()
     assert separate["cmc/1"] == pytest.approx(expected, abs=3 / 1000)
+
+
+# ---- evaluate --neighbours (issue 43) -------------------------------------------------------------------------------
+
+
+def test_evaluate_neighbour_lists_of_a_faiss_index(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import faiss
+
+    digits = load_digits()
+    query, gallery = digits.data[:500].astype(np.float32), digits.data[500:].astype(np.float32)
+    index = faiss.IndexIVFFlat(faiss.IndexFlatL2(64), 64, 16)
+    index.train(gallery)
+    index.add(gallery)
+    index.nprobe = 1  # coarse: some lists are short (-1) and some neighbours wrong
+    lists = index.search(query, 5)[1]
+    for name, array in (("x", query), ("y", digits.target[:500]), ("g", gallery), ("gy", digits.target[500:])):
+        np.save(tmp_path / f"{name}.npy", array)
+    np.save(tmp_path / "lists.npy", lists)
+    files = [str(tmp_path / f"{name}.npy") for name in ("x", "y")]
+    gallery_flags = ["--gallery", str(tmp_path / "g.npy"), "--gallery-labels", str(tmp_path / "gy.npy")]
+    args = ["evaluate", *files, *gallery_flags, "--json", "--cmc", "1", "--precision", "--map"]
+    assert main([*args, "--neighbours", str(tmp_path / "lists.npy")]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    first = lists[:, 0]
+    expected = ((first >= 0) & (digits.target[500:][first] == digits.target[:500])).mean()
+    assert listed["cmc/1"] == pytest.approx(expected, abs=1e-6)
+    assert main(args) == 0  # the exact search finds more
+    assert json.loads(capsys.readouterr().out)["cmc/1"] > listed["cmc/1"]
+    assert main([*args, "--neighbours", str(tmp_path / "lists.npy"), "--compare", files[0]]) == 2
+    assert "--neighbours" in capsys.readouterr().err

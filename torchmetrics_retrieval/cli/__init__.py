@@ -110,6 +110,8 @@ def _add_option_flags(parser: argparse.ArgumentParser, defaults: dict[str, Any])
             group.add_argument(*flags, type=float, nargs=2, metavar=("C_MISS", "C_FA"), **common)
         elif kind.name == "level_or_none":
             group.add_argument(*flags, type=float, metavar="C", **common)
+        elif kind.name in ("str", "str_or_none"):
+            group.add_argument(*flags, metavar="TEXT", **common)
 
 
 def _add_output_flags(parser: argparse.ArgumentParser) -> None:
@@ -148,6 +150,12 @@ def _add_input_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--gallery", help="(G, D) gallery embeddings (default: leave-one-out on the embeddings)")
     group.add_argument("--gallery-labels", help="(G,) or (G, L) gallery labels")
     group.add_argument("--images", help="(N, H, W) or (N, H, W, C) images of the samples, for the report")
+    group.add_argument(
+        "--neighbours",
+        metavar="FILE",
+        help="(Q, k) integer neighbour lists of an approximate index (-1: no result): the ranking metrics of these "
+        "lists instead of the exact search (n(q) stays exact)",
+    )
     for name, sides in _SAMPLE_FIELDS.items():
         group.add_argument(f"--{name.replace('_', '-')}", metavar="SOURCE", help=f"{name} ({sides})")
         if sides == "both sides":
@@ -239,7 +247,7 @@ def _run(title: str, inputs: Inputs, args: argparse.Namespace, images: Tensor | 
     start = time.perf_counter()
     metrics, result = evaluate(
         inputs.embeddings, inputs.labels, inputs.gallery, inputs.gallery_labels, options,
-        keep_neighbours=args.report is not None, **inputs.fields,
+        keep_neighbours=args.report is not None, neighbours=getattr(args, "neighbour_lists", None), **inputs.fields,
     )  # fmt: skip
     seconds = time.perf_counter() - start
     if args.worst_key is not None and (result is None or args.worst_key not in result.values):
@@ -305,6 +313,11 @@ def _evaluate(args: argparse.Namespace) -> int:
         check_rows("--images", images, inputs.embeddings.shape[0], "the embeddings")
         if images.ndim not in (3, 4):
             raise UsageError(f"--images must be (N, H, W) or (N, H, W, C), got shape {tuple(images.shape)}")
+    args.neighbour_lists = None
+    if args.neighbours is not None:
+        if args.compare is not None:
+            raise UsageError("--neighbours evaluates one index's lists: it cannot be used with --compare")
+        args.neighbour_lists = load_array(args.neighbours, "--neighbours")
     other = None
     if args.compare is not None:
         if (args.gallery is None) != (args.compare_gallery is None):

@@ -1,5 +1,6 @@
 """Stateless core: exact kNN, relevance, ranking kernels, reductions and the metrics built on them."""
 
+from torchmetrics_retrieval.functional.audit import audit_neighbours
 from torchmetrics_retrieval.functional.clustering import clustering_scores, kmeans
 from torchmetrics_retrieval.functional.comparison import compare_models
 from torchmetrics_retrieval.functional.contrastive import contrastive_accuracy
@@ -37,6 +38,7 @@ __all__ = [
     "RetrievalResult",
     "alignment",
     "apply_empty_target_action",
+    "audit_neighbours",
     "average_precision",
     "clustering_scores",
     "cmc_at_k",

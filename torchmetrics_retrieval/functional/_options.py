@@ -45,8 +45,8 @@ class OptionKind:
 
     Attributes:
         name: ``"cutoffs"``, ``"fractions"``, ``"bool"``, ``"choice"``, ``"positive_int_or_none"``,
-            ``"callable_or_none"``, ``"level_or_none"``, ``"positive_int"``, ``"seed"`` or ``"costs"`` (the command
-            line picks its argument type by it).
+            ``"callable_or_none"``, ``"level_or_none"``, ``"positive_int"``, ``"seed"``, ``"costs"``, ``"str"`` or
+            ``"str_or_none"`` (the command line picks its argument type by it).
         check: ``check(option_name, value)`` returns the normalised value or raises ``TypeError``/``ValueError``
             naming the option.
         choices: the allowed values of a ``"choice"``.
@@ -76,6 +76,19 @@ def _check_callable_or_none(name: str, value: Any) -> Any:
     return value
 
 
+def _check_str(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"`{name}` must be a str, got {describe(value)}.")
+    return value
+
+
+def _check_factory_or_none(name: str, value: Any) -> str | None:
+    """A faiss ``index_factory`` string (checked against faiss when the index is built, once D is known)."""
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise TypeError(f"`{name}` must be None or a faiss index_factory string like 'IVF1024,Flat', got {value!r}.")
+    return value
+
+
 def _check_level_or_none(name: str, value: Any) -> float | None:
     return None if value is None else check_confidence_level(name, value)
 
@@ -98,6 +111,8 @@ DISTANCE = _choice(DISTANCES)
 PRECISION_MODE = _choice(("min_k_n", "standard"))
 EMPTY_TARGET_ACTION = _choice(EMPTY_TARGET_ACTIONS)
 KNN_BACKEND = _choice(BACKENDS)
+STR = OptionKind("str", _check_str)
+FACTORY_OR_NONE = OptionKind("str_or_none", _check_factory_or_none)
 
 
 def _spec(kind: OptionKind, help_text: str) -> dict[str, Any]:
@@ -182,6 +197,17 @@ class RetrievalOptions:
         compare=False,  # how a call reports, not what it computes
         metadata=_spec(BOOL, "progress bars (tqdm, on stderr) on the passes that take more than a second"),
     )
+    # approximate evaluation with an exact audit (functional/_approximate.py)
+    approximate_index: str | None = field(
+        default=None,
+        metadata=_spec(FACTORY_OR_NONE, "faiss index_factory string of an approximate index (None: exact search)"),
+    )
+    approximate_params: str = field(
+        default="", metadata=_spec(STR, "faiss search parameters of that index, e.g. nprobe=32")
+    )
+    audit_queries: int = field(
+        default=2000, metadata=_spec(POSITIVE_INT, "queries of the exact audit of an approximate index")
+    )
 
     @classmethod
     def create(cls, **options: Any) -> RetrievalOptions:
@@ -263,6 +289,9 @@ class OptionArguments(TypedDict, total=False):
     knn_backend: KNNBackend
     chunk_size: int | None
     progress: bool
+    approximate_index: str | None
+    approximate_params: str
+    audit_queries: int
 
 
 def option_fields() -> Mapping[str, Field[Any]]:

@@ -309,10 +309,16 @@ def count_relevant(qg: QueryGallery, options: RetrievalOptions) -> Tensor:
 
 
 def per_query(
-    qg: QueryGallery, options: RetrievalOptions, keep_neighbours: bool, neighbours: KNNResult | None = None
+    qg: QueryGallery,
+    options: RetrievalOptions,
+    keep_neighbours: bool,
+    neighbours: KNNResult | None = None,
+    listed: bool = False,
 ) -> RetrievalResult:
     """Per-query values of a checked problem (what ``retrieval_per_query`` documents); ``neighbours``: the
-    result of its search when another search already gave it (ordered as its K = ``search_depth`` columns)."""
+    result of its search when another search already gave it (ordered as its K = ``search_depth`` columns), or,
+    with ``listed``, the user's neighbour lists (``_given``: at least K columns; nothing is ranked beyond them, so
+    ``mrr`` is the reciprocal rank within the list)."""
     n_relevant = count_relevant(qg, options)
     n_query, device = qg.query.shape[0], qg.query.device
     n_candidates = qg.exclusions().count_eligible(n_query, qg.gallery.shape[0], device)  # |G(q)|
@@ -351,7 +357,7 @@ def per_query(
         nearest_item, nearest_relevant = values.pop(_NEAREST), values.pop(_NEAREST_HIT)
     if options.fpir_vals:
         nearest = _nearest_distances(qg, options, nearest_item, n_candidates > 0)
-    if options.mrr:
+    if options.mrr and not listed:
         values["mrr"] = _mrr(qg, options, values["mrr"], n_relevant)
     if options.map_full or options.minp:
         values.update(_full_ranking_values(qg, options, n_relevant))

@@ -21,8 +21,9 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._checks import describe
+from torchmetrics_retrieval.functional._given import check_given_options, given_neighbours
 from torchmetrics_retrieval.functional._options import OptionArguments, RetrievalOptions, Unpack
-from torchmetrics_retrieval.functional._per_query import RetrievalResult, per_query
+from torchmetrics_retrieval.functional._per_query import RetrievalResult, count_relevant, per_query, search_depth
 from torchmetrics_retrieval.functional._progress import shown
 from torchmetrics_retrieval.functional._reduce import reduce_per_query
 from torchmetrics_retrieval.functional._search.types import KNNResult
@@ -149,6 +150,7 @@ def retrieval_metrics(
     search_groups: PairedIds | None = ...,
     categories: Tensor | None = ...,
     camera_ids: PairedIds | None = ...,
+    neighbours: Tensor | None = ...,
     return_per_query: Literal[False] = ...,
     **options: Unpack[OptionArguments],
 ) -> dict[str, Tensor]: ...
@@ -167,6 +169,7 @@ def retrieval_metrics(
     search_groups: PairedIds | None = ...,
     categories: Tensor | None = ...,
     camera_ids: PairedIds | None = ...,
+    neighbours: Tensor | None = ...,
     return_per_query: Literal[True],
     **options: Unpack[OptionArguments],
 ) -> tuple[dict[str, Tensor], RetrievalResult | None]: ...
@@ -184,6 +187,7 @@ def retrieval_metrics(
     search_groups: PairedIds | None = None,
     categories: Tensor | None = None,
     camera_ids: PairedIds | None = None,
+    neighbours: Tensor | None = None,
     return_per_query: bool = False,
     cmc_top_k: int | Iterable[int] = (1, 5),
     precision_top_k: int | Iterable[int] = (5,),
@@ -216,6 +220,9 @@ def retrieval_metrics(
     knn_backend: KNNBackend = "auto",
     chunk_size: int | None = None,
     progress: bool = False,
+    approximate_index: str | None = None,
+    approximate_params: str = "",
+    audit_queries: int = 2000,
 ) -> dict[str, Tensor] | tuple[dict[str, Tensor], RetrievalResult | None]:
     """Retrieval metrics of embeddings, exact (definitions: docs/definitions.md), as a flat dict of scalars.
 
@@ -236,6 +243,12 @@ def retrieval_metrics(
         camera_ids: the camera of each sample (re-identification protocol): an item with the query's label
             *and* camera is left out of its gallery; other labels from that camera stay. Same forms as
             ``sequence_ids``.
+        neighbours: ``(Q, w)`` integer tensor, the neighbour lists of an approximate index (nearest first; -1: no
+            result), one row per query in input order, holding positions in the input set (``gallery=None``) or
+            in ``gallery``. Every ranking metric is then computed on these lists instead of the exact search, with
+            the exact relevance counts n(q); repeats, -1 and excluded items are empty slots and ``mrr`` is the
+            reciprocal rank within the list (docs/definitions.md, "Given neighbour lists"). ``map_full``,
+            ``minp`` and ``fpir_vals`` need the full ranking and are refused.
         return_per_query: also return the :class:`RetrievalResult` (None when no ranking metric
             was asked for).
         cmc_top_k: cutoffs k of cmc@k.
@@ -269,6 +282,12 @@ def retrieval_metrics(
         knn_backend: kNN backend.
         chunk_size: rows per distance block (None: from a memory budget).
         progress: progress bars (tqdm, on stderr) on the passes that take more than a second.
+        approximate_index: faiss index_factory string of an approximate index (None: exact search): every
+            query is then searched on that index (keys ``approx/{key}``) and ``audit_queries`` of them, drawn
+            with ``seed``, exactly (keys ``audit/...``; docs/definitions.md).
+        approximate_params: faiss search parameters of that index, e.g. nprobe=32 (faiss's ``ParameterSpace``
+            syntax, comma-separated).
+        audit_queries: queries of the exact audit of an approximate index (all of them when there are fewer).
 
     The options (from ``cmc_top_k`` on) are the fields of :class:`RetrievalOptions`, which checks them.
 
@@ -298,6 +317,7 @@ def retrieval_metrics(
         categories=categories,
         camera_ids=camera_ids,
         keep_neighbours=return_per_query,
+        neighbours=neighbours,
     )
     return (metrics, result) if return_per_query else metrics
 
@@ -316,10 +336,11 @@ def evaluate(
     categories: Tensor | None = None,
     camera_ids: PairedIds | None = None,
     keep_neighbours: bool = True,
+    neighbours: Tensor | None = None,
 ) -> tuple[dict[str, Tensor], RetrievalResult | None]:
     """:func:`retrieval_metrics` with its options already checked (``EmbeddingMetrics`` and the command line
     hold a :class:`RetrievalOptions`): the metrics and the per-query result (None without ranking metrics);
-    ``keep_neighbours`` as in :func:`retrieval_per_query`."""
+    ``keep_neighbours`` as in :func:`retrieval_per_query`, ``neighbours`` as in :func:`retrieval_metrics`."""
     qg = split_query_gallery(  # the one check of the inputs; every stage below takes them as checked
         query,
         query_labels,
@@ -332,8 +353,16 @@ def evaluate(
         categories=categories,
         camera_ids=camera_ids,
     )
+    if neighbours is not None and opts.approximate_index is not None:
+        raise ValueError(
+            "`neighbours` gives an index's lists and `approximate_index` builds one: pass one of them, got both."
+        )
+    if neighbours is not None or opts.approximate_index is not None:
+        check_given_options(opts)
     with shown(opts.progress):
-        metrics, result = _evaluate_checked(qg, opts, query, query_labels, gallery, categories, keep_neighbours)
+        metrics, result = _evaluate_checked(
+            qg, opts, query, query_labels, gallery, categories, keep_neighbours, neighbours
+        )
     if not metrics and not opts.needs_ranking:
         warnings.warn(
             "No metric was requested: every option that selects a metric is empty.", UserWarning, stacklevel=3
@@ -349,11 +378,21 @@ def _evaluate_checked(
     gallery: Tensor | None,
     categories: Tensor | None,
     keep_neighbours: bool,
+    neighbours: Tensor | None = None,
 ) -> tuple[dict[str, Tensor], RetrievalResult | None]:
     qg = _normalized(qg) if opts.normalize else qg
     result = None
     metrics: dict[str, Tensor] = {}
-    if opts.needs_ranking:
+    if opts.needs_ranking and opts.approximate_index is not None:
+        from torchmetrics_retrieval.functional._approximate import approximate_evaluation  # (faiss, when asked)
+
+        metrics, result = approximate_evaluation(qg, opts, keep_neighbours)
+    elif opts.needs_ranking and neighbours is not None:
+        n_input = query.shape[0] if gallery is None else gallery.shape[0]
+        depth = search_depth(opts, count_relevant(qg, opts))
+        found = given_neighbours(qg, neighbours, n_input, depth, opts.distance)
+        metrics, result = ranking_metrics(qg, opts, keep_neighbours, found, listed=True)
+    elif opts.needs_ranking:
         metrics, result = ranking_metrics(qg, opts, keep_neighbours)
     if opts.needs_pairs or opts.pcf_variance or opts.clustering:
         everything = _every_sample(qg, query if gallery is None else None, opts.normalize)
@@ -364,11 +403,15 @@ def _evaluate_checked(
 
 
 def ranking_metrics(
-    qg: QueryGallery, opts: RetrievalOptions, keep_neighbours: bool, neighbours: KNNResult | None = None
+    qg: QueryGallery,
+    opts: RetrievalOptions,
+    keep_neighbours: bool,
+    neighbours: KNNResult | None = None,
+    listed: bool = False,
 ) -> tuple[dict[str, Tensor], RetrievalResult]:
-    """The ranking metrics of a checked (and normalised) problem and its per-query result; ``neighbours`` as in
-    :func:`per_query`."""
-    result = per_query(qg, opts, keep_neighbours, neighbours)
+    """The ranking metrics of a checked (and normalised) problem and its per-query result; ``neighbours`` and
+    ``listed`` as in :func:`per_query`."""
+    result = per_query(qg, opts, keep_neighbours, neighbours, listed)
     metrics = reduce_per_query(result, opts)
     if opts.fpir_vals:
         assert result.nearest is not None and result.nearest_relevant is not None

@@ -90,6 +90,13 @@ class CrossModalRetrieval(Metric):
         knn_backend: kNN backend.
         chunk_size: rows per distance block (None: from a memory budget).
         progress: progress bars (tqdm, on stderr) on the passes that take more than a second.
+        approximate_index: faiss index_factory string of an approximate index (None: exact search): every
+            query is then searched on that index (keys ``approx/{key}``) and ``audit_queries`` of them, drawn
+            with ``seed``, exactly (keys ``audit/...``; docs/definitions.md).
+        approximate_params: faiss search parameters of that index, e.g. nprobe=32 (faiss's ``ParameterSpace``
+            syntax, comma-separated).
+        audit_queries: queries of the exact audit of an approximate index (all of them when there are fewer).
+            (``approximate_index`` is refused here for now: each direction would need its own index.)
         prefix: string put before every key.
         distributed: under DDP, ``"shard"`` (default): each process keeps its own samples of both sides; only
             ids and indexes are gathered, and blocks of queries visit every process's shard of the other side.
@@ -149,6 +156,9 @@ class CrossModalRetrieval(Metric):
         knn_backend: KNNBackend = "auto",
         chunk_size: int | None = None,
         progress: bool = False,
+        approximate_index: str | None = None,
+        approximate_params: str = "",
+        audit_queries: int = 2000,
         prefix: str = "",
         distributed: Literal["shard", "gather"] = "shard",
         **kwargs: Unpack[MetricKwargs],
@@ -157,6 +167,11 @@ class CrossModalRetrieval(Metric):
         if not isinstance(prefix, str):
             raise TypeError(f"`prefix` must be a str, got {describe(prefix)}.")
         check_choice("distributed", distributed, ("shard", "gather"))
+        if options.approximate_index is not None:  # one index per direction: not built yet
+            raise ValueError(
+                "`approximate_index` is not supported by CrossModalRetrieval yet, got "
+                f"{options.approximate_index!r}; use retrieval_metrics with a separate gallery for each direction."
+            )
         super().__init__(**kwargs)
         self.options, self.prefix, self.distributed = options, prefix, distributed
         self.side_a, self.side_b = _Side("a", **kwargs), _Side("b", **kwargs)

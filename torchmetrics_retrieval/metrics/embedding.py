@@ -76,6 +76,12 @@ class EmbeddingMetrics(SampleAccumulator):
         knn_backend: kNN backend.
         chunk_size: rows per distance block (None: from a memory budget).
         progress: progress bars (tqdm, on stderr) on the passes that take more than a second.
+        approximate_index: faiss index_factory string of an approximate index (None: exact search): every
+            query is then searched on that index (keys ``approx/{key}``) and ``audit_queries`` of them, drawn
+            with ``seed``, exactly (keys ``audit/...``; docs/definitions.md).
+        approximate_params: faiss search parameters of that index, e.g. nprobe=32 (faiss's ``ParameterSpace``
+            syntax, comma-separated).
+        audit_queries: queries of the exact audit of an approximate index (all of them when there are fewer).
         prefix: string put before every key of the result (e.g. ``"val/"``).
         storage_dtype: dtype the embeddings are stored in (e.g. ``torch.float16`` halves the memory);
             ``compute`` upcasts half precision to float32. None: the dtype of the first batch.
@@ -163,6 +169,9 @@ class EmbeddingMetrics(SampleAccumulator):
         knn_backend: KNNBackend = "auto",
         chunk_size: int | None = None,
         progress: bool = False,
+        approximate_index: str | None = None,
+        approximate_params: str = "",
+        audit_queries: int = 2000,
         prefix: str = "",
         storage_dtype: torch.dtype | None = None,
         distributed: Literal["shard", "gather"] = "shard",

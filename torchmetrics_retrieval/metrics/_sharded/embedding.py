@@ -49,7 +49,8 @@ __all__ = ["shardable", "sharded_compute", "sharded_ranking"]
 def shardable(options: RetrievalOptions) -> bool:
     """Whether the sharded path computes every requested metric (from each query's top K and full-ranking ranks,
     the pair passes of FNMR@FMR, EER and minDCF, and ROC AUC)."""
-    return not (options.pcf_variance or options.clustering)
+    # an approximate index is built on the gathered gallery (functional/_approximate.py says why)
+    return not (options.pcf_variance or options.clustering or options.approximate_index is not None)
 
 
 def sharded_compute(metric: Any, group: Any) -> tuple[dict[str, Tensor], RetrievalResult | None, Tensor | None]:
