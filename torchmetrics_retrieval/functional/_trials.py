@@ -1,11 +1,13 @@
 """The steps of :mod:`~torchmetrics_retrieval.functional.trials`: the checks, the trial scores computed in blocks, and
 the values of given scores.
 
-The values the all-pairs path also reports (``fnmr@fmr``, ``tar@far``, ``eer``, ``min_dcf``, ``roc_auc``) come from
-its own machinery, with distance = -score: the exact passes of ``_pairs.quantiles`` over the two lists of distances
-(``verification._given_distances``), and the placement of the negatives among the sorted positives of
-``_pairs.auc``. Only what that path has no use for is computed here: the ROC point nearest a FAR, ``act_dcf``,
-``cllr`` and ``min_cllr`` (its pool-adjacent-violators kernel in ``_pav``).
+The values of given scores are those of the all-pairs path with distance = -score (``fnmr@fmr`` and ``tar@far`` at
+numpy's linear quantile, ``eer``, ``min_dcf``, ``roc_auc``; ``_pairs.quantiles``, ``_pairs.rates``), plus the ROC
+point nearest a FAR, ``act_dcf``, ``cllr`` and ``min_cllr``. Here the scores are all at hand, so they come from one
+sort and linear passes (``_score_kernels``): the target and non-target scores split apart by value range, each range
+sorted on a thread, one sweep over the sorted scores group by distinct score (a range per thread), and the Cllr sums
+in a pass of their own. The rates are the same int64 counts over the same totals as the all-pairs path's, so the
+same float64 values.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import importlib
 import math
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -27,13 +30,13 @@ from torchmetrics_retrieval.functional._checks import (
     check_open_fractions,
     describe,
 )
-from torchmetrics_retrieval.functional._pairs.auc import _Positives
-from torchmetrics_retrieval.functional._pairs.quantiles import statistics
-from torchmetrics_retrieval.functional._pairs.rates import RateRequest
+from torchmetrics_retrieval.functional._pairs.quantiles import Curve, Statistics, _lerp, _quantile_ranks
+from torchmetrics_retrieval.functional._pairs.rates import RateRequest, _weights
 from torchmetrics_retrieval.functional._search.certify import canonical_distances
+from torchmetrics_retrieval.functional._search.compiled.buffer import kernel_threads
 from torchmetrics_retrieval.functional._search.problem import make_problem
 from torchmetrics_retrieval.functional._search.types import Exclusions
-from torchmetrics_retrieval.functional.verification import _given_distances, statistics_keys
+from torchmetrics_retrieval.functional.verification import statistics_keys
 
 __all__ = ["FAR_RULES", "TRIAL_BLOCK", "TrialRequest", "check_scores", "check_trials", "score_values", "trial_scores"]
 
@@ -93,7 +96,7 @@ def _check_flags(named: str, value: Any, n: int, length_of: str) -> Tensor:
         raise TypeError(f"{named} must have dtype torch.bool, got {describe(value)}.")
     if value.ndim != 1 or value.shape[0] != n:
         raise ValueError(f"{named} must be 1-D with one flag per {length_of} ({n}), got {describe(value)}.")
-    n_target = int(value.sum())
+    n_target = int(torch.count_nonzero(value))  # (a bool sum is far slower on CPU)
     if n_target == 0 or n_target == n:
         raise ValueError(
             f"{named} must hold at least one target (True) and one non-target (False) trial, got {n_target} "
@@ -110,10 +113,17 @@ def check_scores(scores: Any, is_target: Any) -> tuple[Tensor, Tensor]:
         raise ValueError(f"`scores` must be 1-D, got {describe(scores)}.")
     if scores.is_complex() or scores.dtype == torch.bool:
         raise TypeError(f"`scores` must have a real dtype, got {describe(scores)}.")
-    if scores.is_floating_point() and not bool(torch.isfinite(scores).all()):
+    if scores.is_floating_point() and not _all_finite(scores):
         raise ValueError(f"`scores` must be finite, got NaN or inf in {describe(scores)}.")
     flags = _check_flags("`is_target`", is_target, scores.shape[0], "score")
     return scores, flags.to(scores.device)
+
+
+def _all_finite(scores: Tensor) -> bool:
+    """No NaN or inf in ``scores`` (numpy's check on CPU: torch's ``isfinite`` is several times slower there)."""
+    if scores.device.type == "cpu" and scores.dtype != torch.bfloat16:
+        return bool(np.isfinite(scores.detach().numpy()).all())
+    return bool(torch.isfinite(scores).all())
 
 
 def check_trials(
@@ -193,53 +203,155 @@ def trial_scores(embeddings: Tensor, enrol: Tensor, test: Tensor, distance: str,
 # ----------------------------------------------------------------------------------------------------------------------
 
 
+class _Sweep(NamedTuple):
+    """What one sweep over the sorted scores found (see ``_score_kernels.sweep``)."""
+
+    rates: dict[str, Tensor]
+    thresholds: Tensor
+    fnmr: Tensor
+    auc: tuple[int, int]
+    cllr_sums: tuple[float, float]
+    blocks: np.ndarray
+    groups: np.ndarray
+    act_counts: dict[float, tuple[int, int]]
+    sizes: tuple[int, int]
+
+
 def score_values(scores: Tensor, is_target: Tensor, request: TrialRequest) -> dict[str, Tensor]:
     """Every value ``request`` asks for (float32, 0-dim, on the scores' device) from checked scores and flags."""
     fmr_vals, rates, roc_auc, cllr, act_p, far_rule = request
-    # the distances of the all-pairs path (its rule: accept a pair at distance <= t), a positive pair a target trial
-    source, buckets = _given_distances(-scores[is_target], -scores[~is_target])
-    pos, neg = (block.distances for block in source())
     nearest = far_rule == "nearest_roc_point" and bool(fmr_vals)
-    tied = _tied_counts(pos, neg) if nearest or cllr else None
-    out: dict[str, Tensor] = {}
     exact = () if nearest else fmr_vals
+    found = _sweep(scores, is_target, exact, request, nearest)
+    n_pos, n_neg = found.sizes
+    device = scores.device
+    out: dict[str, Tensor] = {}
     if exact or rates.eer or rates.p_targets:
-        found = statistics(source, buckets, exact, rates, scores.device)
-        out.update(statistics_keys(found, exact))
+        out.update(statistics_keys(Statistics(Curve(found.thresholds, found.fnmr), found.rates, {}), exact))
+        out = {key: value.to(device) for key, value in out.items()}
     if nearest:
-        assert tied is not None
-        tar = _nearest_roc_tar(*tied[1:], fmr_vals).to(scores.device)
+        tar = _nearest_roc_tar(found.groups[0, ::-1].copy(), found.groups[1, ::-1].copy(), fmr_vals).to(device)
         out = {
             **{f"fnmr@fmr/{f}": 1 - tar[i] for i, f in enumerate(fmr_vals)},
             **{f"tar@far/{f}": tar[i] for i, f in enumerate(fmr_vals)},
             **out,
         }
-    if roc_auc:  # the placement of the all-pairs path: positives strictly closer, and ties counting one half
-        below, equal = _Positives(pos).place(neg)
-        area = (below + 0.5 * equal) / (pos.numel() * neg.numel())
-        out["roc_auc"] = torch.tensor(area, dtype=torch.float32, device=scores.device)
-    llr_tar, llr_non = -pos.to(torch.float64), -neg.to(torch.float64)
+    if roc_auc:  # (target, non-target) couples with the target scoring higher, ties counting one half
+        below, equal = found.auc
+        area = (below + 0.5 * equal) / (n_pos * n_neg)
+        out["roc_auc"] = torch.tensor(area, dtype=torch.float32, device=device)
+    c_miss, c_fa = rates.costs
     for p in act_p:
-        out[f"act_dcf/{p}"] = _act_dcf(llr_tar, llr_non, p, rates.costs).to(torch.float32)
+        missed, accepted = found.act_counts[p]
+        cost = (c_miss * p * (missed / n_pos) + c_fa * (1 - p) * (accepted / n_neg)) / min(c_miss * p, c_fa * (1 - p))
+        out[f"act_dcf/{p}"] = torch.tensor(cost, dtype=torch.float32, device=device)
     if cllr:
-        assert tied is not None
-        out["cllr"] = _cllr(llr_tar, llr_non).to(torch.float32)
-        out["min_cllr"] = _min_cllr(*tied[1:]).to(device=scores.device, dtype=torch.float32)
+        tar_sum, non_sum = found.cllr_sums
+        value = (tar_sum / n_pos + non_sum / n_neg) / (2 * math.log(2))
+        out["cllr"] = torch.tensor(value, dtype=torch.float32, device=device)
+        out["min_cllr"] = _min_cllr(found.blocks).to(device=device, dtype=torch.float32)
     return out
 
 
-def _tied_counts(pos: Tensor, neg: Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The distinct distances (ascending: from the highest score down) and, at each, the numbers of target and
-    non-target trials (int64). numpy's sorts of the values alone, far faster than an argsort, and a merge by
-    ``searchsorted`` of sorted values (its reads then go forward)."""
-    pos_sorted, neg_sorted = np.sort(pos.cpu().numpy()), np.sort(neg.cpu().numpy())
-    both = np.sort(np.concatenate([pos_sorted, neg_sorted]))
-    first = np.ones(both.size, dtype=np.bool_)
-    np.not_equal(both[1:], both[:-1], out=first[1:])
-    distinct = both[first]
-    n_tar = np.bincount(np.searchsorted(distinct, pos_sorted), minlength=distinct.size)
-    n_non = np.bincount(np.searchsorted(distinct, neg_sorted), minlength=distinct.size)
-    return distinct, n_tar, n_non
+def _working_scores(scores: Tensor) -> np.ndarray:
+    """The scores as the values are computed from them: float32 or float64 (an integer dtype as float64, a
+    half-precision one as float32, both exactly)."""
+    dtype = torch.promote_types(scores.dtype, torch.float32) if scores.is_floating_point() else torch.float64
+    return scores.detach().to(device="cpu", dtype=dtype).contiguous().numpy()
+
+
+def _splitters(values: np.ndarray, threads: int) -> np.ndarray:
+    """``threads - 1`` scores cutting ``values`` into ranges of about equal size (from a sample), one per thread: each
+    range is sorted on its own, and the ranges one after the other are the sorted scores. (Only the balance of the
+    threads depends on them, not a value.)"""
+    if threads == 1:
+        return values[:0]
+    sample = np.sort(values[:: max(1, values.size // (1024 * threads))])
+    return sample[sample.size * np.arange(1, threads) // threads]
+
+
+def _sort_ranges(arrays: tuple[np.ndarray, ...], starts: np.ndarray, threads: int) -> None:
+    """Sort each value range ``starts[k, b]:starts[k, b + 1]`` of ``arrays[k]`` in place, ``threads`` at a time
+    (numpy's SIMD sort releases the GIL)."""
+    pieces = [a[s[b] : s[b + 1]] for a, s in zip(arrays, starts, strict=True) for b in range(s.size - 1)]
+    if threads == 1:
+        for piece in pieces:
+            piece.sort()
+        return
+    with ThreadPoolExecutor(threads) as pool:  # the largest first, for balance
+        list(pool.map(np.ndarray.sort, sorted(pieces, key=len, reverse=True)))
+
+
+def _sweep(
+    scores: Tensor, is_target: Tensor, fmr_vals: tuple[float, ...], request: TrialRequest, nearest: bool
+) -> _Sweep:
+    """One split, one sort and one sweep over the sorted scores (``_score_kernels``), for every value at once."""
+    kernels = importlib.import_module("torchmetrics_retrieval.functional._score_kernels")
+    threads = kernel_threads()
+    values, flags = _working_scores(scores), is_target.detach().cpu().contiguous().numpy()
+    splitters = _splitters(values, threads)
+    n_chunks = max(1, -(-values.size // kernels.CHUNK))
+    counts = np.zeros((n_chunks, 2 * threads), dtype=np.int64)
+    kernels.chunk_counts(values, flags, kernels.CHUNK, splitters, counts)
+    # where each (chunk, kind, range) starts writing: kinds apart, ranges in order, chunks in order within a range
+    per_range = counts.sum(axis=0).reshape(2, threads)
+    starts = np.zeros((2, threads + 1), dtype=np.int64)
+    np.cumsum(per_range, axis=1, out=starts[:, 1:])
+    at = np.cumsum(counts, axis=0) - counts + starts[:, :-1].reshape(1, -1)
+    n_pos, n_neg = int(starts[0, -1]), int(starts[1, -1])
+    tar, non = np.empty(n_pos, dtype=values.dtype), np.empty(n_neg, dtype=values.dtype)
+    kernels.split(values, flags, kernels.CHUNK, splitters, at, tar, non)
+    sums = np.zeros((n_chunks if request.cllr else 0, 2))
+    if request.cllr:
+        kernels.cllr_sums(values, flags, kernels.CHUNK, kernels.POWERS, sums)
+    _sort_ranges((tar, non), starts, threads)
+    # the non-target order statistics of numpy's linear quantile of the distances -score (ranks ascending distance)
+    f = torch.tensor(fmr_vals, dtype=torch.float64)
+    low_rank, high_rank, gamma = _quantile_ranks(n_neg, f)
+    ranks, where = np.unique(n_neg - 1 - torch.cat([low_rank, high_rank]).numpy(), return_inverse=True)
+    rank_values = np.empty(ranks.size)
+    miss, fa = (w.numpy() for w in _weights(request.rates, torch.device("cpu")))
+    blocks = np.empty((2, values.size if request.cllr else 0), dtype=np.int64)
+    groups = np.empty((2, values.size if nearest else 0), dtype=np.int64)
+    n_ranges = starts.shape[1] - 1
+    reached = np.empty((n_ranges, 4 + 2 * miss.size), dtype=np.int64)
+    counts = np.empty((n_ranges, 4), dtype=np.int64)
+    weights = np.stack([miss / n_pos, fa / n_neg])
+    kernels.sweep(tar, non, starts, weights, ranks, rank_values, request.cllr, blocks, groups, reached, counts)
+    # the thresholds found (rejecting t targets and n non-targets), ascending, then "accept nothing" (P, N)
+    candidates = reached[:, :4].reshape(-1, 2)
+    candidates = np.concatenate([candidates[candidates[:, 0] >= 0], [[n_pos, n_neg]]])
+    frr = candidates[:, 0].astype(np.float64) / n_pos  # the rates of _pairs.rates, to the bit
+    far = (n_neg - candidates[:, 1]).astype(np.float64) / n_neg
+    found: dict[str, Tensor] = {}
+    if request.rates.eer:  # the smallest |FAR - FRR|, the last (the highest threshold) on a tie
+        gaps = np.abs(far - frr)
+        best = gaps.size - 1 - int(np.argmin(gaps[::-1]))
+        found["eer"] = torch.tensor((far[best] + frr[best]) / 2, dtype=torch.float64)
+    for k, p in enumerate(request.rates.p_targets):  # each range's cheapest threshold, and "accept nothing"
+        rejected = np.concatenate([reached[:, 4 + 2 * k : 6 + 2 * k], [[n_pos, n_neg]]])
+        costs = miss[k] * (rejected[:, 0] / n_pos) + fa[k] * ((n_neg - rejected[:, 1]) / n_neg)
+        found[f"min_dcf/{p}"] = torch.tensor(costs.min(), dtype=torch.float64)
+    below, equal = (int(v) for v in counts[:, :2].sum(axis=0))
+    if request.cllr:
+        blocks = blocks[:, : kernels.pool_ranges(blocks, starts, counts[:, 2].copy())]
+    if nearest:
+        bases = starts.sum(axis=0)
+        groups = np.concatenate([groups[:, b : b + g] for b, g in zip(bases[:-1], counts[:, 3], strict=True)], axis=1)
+    distances = -torch.from_numpy(rank_values[where])  # low ranks, then high ranks
+    thresholds = _lerp(distances[: f.numel()], distances[f.numel() :], gamma)
+    # a target's distance -s is at least T exactly when s <= -T
+    at_or_above = [kernels.count_below(tar, -float(t), True) for t in thresholds]
+    fnmr = torch.tensor(at_or_above, dtype=torch.int64).to(torch.float64) / n_pos
+    c_miss, c_fa = request.rates.costs
+    act_counts = {}
+    for p in request.act_dcf_p_target:  # the Bayes threshold: accept a trial scoring at least it
+        bayes = math.log(c_fa * (1 - p) / (c_miss * p))
+        act_counts[p] = (kernels.count_below(tar, bayes, False), n_neg - kernels.count_below(non, bayes, False))
+    tar_sum, non_sum = (math.fsum(sums[:, k].tolist()) for k in (0, 1))  # in chunk order, exactly
+    return _Sweep(
+        found, thresholds, fnmr, (below, equal), (tar_sum, non_sum), blocks, groups, act_counts, (n_pos, n_neg),
+    )  # fmt: skip
 
 
 def _nearest_roc_tar(n_tar: np.ndarray, n_non: np.ndarray, fmr_vals: tuple[float, ...]) -> Tensor:
@@ -264,39 +376,15 @@ def _nearest_roc_tar(n_tar: np.ndarray, n_non: np.ndarray, fmr_vals: tuple[float
     return tar[at].to(torch.float32)
 
 
-def _act_dcf(llr_tar: Tensor, llr_non: Tensor, p: float, costs: tuple[float, float]) -> Tensor:
-    """Normalised DCF at the Bayes threshold of the log-likelihood ratios: accept a trial when its score is
-    ``>= log(C_fa (1 - p) / (C_miss p))`` (``-logit(p)`` with unit costs)."""
-    c_miss, c_fa = costs
-    threshold = math.log(c_fa * (1 - p) / (c_miss * p))
-    miss = (llr_tar < threshold).sum().to(torch.float64) / llr_tar.numel()
-    false_alarm = (llr_non >= threshold).sum().to(torch.float64) / llr_non.numel()
-    return (c_miss * p * miss + c_fa * (1 - p) * false_alarm) / min(c_miss * p, c_fa * (1 - p))
-
-
-def _softplus(x: Tensor) -> Tensor:
-    """``log(1 + e^x)`` without overflow, exact in both tails (torch's softplus returns ``x`` above a threshold)."""
-    return x.clamp(min=0) + torch.log1p(torch.exp(-x.abs()))
-
-
-def _cllr(llr_tar: Tensor, llr_non: Tensor) -> Tensor:
-    """``(mean log2(1 + e^-s) over targets + mean log2(1 + e^s) over non-targets) / 2`` (float64)."""
-    return (_softplus(-llr_tar).mean() + _softplus(llr_non).mean()) / (2 * math.log(2))
-
-
-def _min_cllr(n_tar: np.ndarray, n_non: np.ndarray) -> Tensor:
-    """Cllr after the best monotonic calibration, from the trials' counts at each distinct score, from the highest
-    down (:func:`_tied_counts`): the target rate ``q`` of each PAV block (tied scores share one block) is the
-    posterior, at the empirical prior ``P / (P + N)``; the log-likelihood ratio is ``logit(q) - log(P / N)``. A block
-    of targets alone (``q = 1``) or non-targets alone (``q = 0``) costs nothing."""
-    targets = n_tar[::-1].copy()  # ascending score (a copy: positive strides)
-    block_targets, block_totals = np.empty_like(targets), np.empty_like(targets)
-    kernel = importlib.import_module("torchmetrics_retrieval.functional._pav")
-    n_blocks = kernel.pav(targets, targets + n_non[::-1], block_targets, block_totals)
-    tar = torch.from_numpy(block_targets[:n_blocks])
-    non = torch.from_numpy(block_totals[:n_blocks]) - tar
+def _min_cllr(blocks: np.ndarray) -> Tensor:
+    """Cllr after the best monotonic calibration, from the pool-adjacent-violators blocks of the groups of tied
+    scores (``blocks[0]``: targets, ``blocks[1]``: trials; ``_score_kernels.sweep``): the target rate ``q`` of each
+    block is the posterior, at the empirical prior ``P / (P + N)``; the log-likelihood ratio is
+    ``logit(q) - log(P / N)``. A block of targets alone (``q = 1``) or non-targets alone (``q = 0``) costs nothing."""
+    tar = torch.from_numpy(blocks[0]).to(torch.float64)
+    non = torch.from_numpy(blocks[1]).to(torch.float64) - tar
     q = tar / (tar + non)  # float64
-    n_target, n_nontarget = int(tar.sum()), int(non.sum())
+    n_target, n_nontarget = int(blocks[0].sum()), int(blocks[1].sum() - blocks[0].sum())
     prior_odds = n_target / n_nontarget  # P / N: the calibrated LLR is logit(q) - log(P / N)
     # target cost log(1 + e^-llr) = log(1 + (1 - q) / q * P / N), non-target cost log(1 + q / (1 - q) * N / P);
     # only where they occur (q > 0 in a block holding a target, q < 1 in a block holding a non-target)
