@@ -8,8 +8,8 @@ The score path is one sort plus linear passes:
 2. the caller sorts each array (numpy's SIMD sorts, several runs at once on several threads);
 3. :func:`sweep` merges the sorted runs group by group, a group being one distinct score, ascending, with its numbers
    of targets and non-targets, and reads every value at once: the EER candidate and the detection costs of the
-   threshold "accept the trials scoring at least this score", the ROC AUC counts, the pool-adjacent-violators blocks
-   of ``min_cllr``, and the non-target scores at the ranks the FMR quantiles need.
+   threshold "accept the trials scoring at least this score", the ROC AUC counts and the pool-adjacent-violators
+   blocks of ``min_cllr``.
 
 Scores are compared as floats: -0.0 and +0.0 are one score (the checks refuse NaN). Chunks have a fixed size and
 partial sums are combined in chunk order, so no value depends on the number of threads.
@@ -156,8 +156,16 @@ def _pool(blocks, base, top, n_t, n_all):
     return top
 
 
+@njit
+def _run_start(values, at, low):
+    """The first index of the run of values equal to ``values[at]`` (not before ``low``)."""
+    while at > low and values[at - 1] == values[at]:
+        at -= 1
+    return at
+
+
 @pjit
-def sweep(tar, non, starts, weights, ranks, rank_values, with_pav, blocks, groups, found, counts):
+def sweep(tar, non, starts, weights, with_pav, blocks, groups, found, counts):
     """Merge the sorted target (``tar``) and non-target (``non``) scores by distinct score, ascending, and find, for
     the thresholds "accept the trials scoring at least s", where each value is reached: each value range ``r``
     (``starts[k, r]`` to ``starts[k, r + 1]`` in the arrays of kind ``k``) on a thread of its own, its results in
@@ -175,8 +183,10 @@ def sweep(tar, non, starts, weights, ranks, rank_values, with_pav, blocks, group
       trial on, ``blocks[0]`` targets, ``blocks[1]`` trials), and the number of its groups (in ``groups`` from the
       same place when ``groups`` is not empty: each group's targets and non-targets).
 
-    ``rank_values[i]``: the non-target score of rank ``ranks[i]`` (0-based, ascending; ``ranks`` sorted). The merge
-    takes the lower head of the two arrays without a branch on the data."""
+    Between two distinct target scores lies a run of groups of non-targets only, read in one go: FRR is the same for
+    all of them, so the last (the highest) has the smallest cost and the EER crossing is found by integer division;
+    they add no ROC AUC couple and pool into one block. Each group holding targets is read on its own. So the work
+    per non-target is one comparison, and the few targets (usually) carry the rest."""
     n_pos, n_neg = tar.size, non.size
     keep_groups = groups.shape[1] > 0
     n_costs = weights.shape[1]
@@ -190,47 +200,82 @@ def sweep(tar, non, starts, weights, ranks, rank_values, with_pav, blocks, group
         auc_below, auc_equal = 0, 0
         top, g = -1, 0
         run_t, run_all, run_kind = 0, 0, 0  # a run of groups of one kind only (all targets, or none), not yet pooled
-        i_rank = 0
-        while i_rank < ranks.size and ranks[i_rank] < j:
-            i_rank += 1
-        below_t, below_n = i, j  # the targets and non-targets scoring below the current group
-        prev = np.inf
-        for step in range(end_t - i + end_n - j + 1):
-            a = tar[i] if i < end_t else np.inf  # both inf at the end: the scores are finite
-            b = non[j] if j < end_n else np.inf
-            take = a <= b
-            v = a if take else b
-            if step > 0 and v != prev:  # the group of prev is complete: the threshold accepting it and above
-                n_t, n_n = i - below_t, j - below_n
-                while i_rank < ranks.size and ranks[i_rank] < j:
-                    rank_values[i_rank] = prev
-                    i_rank += 1
-                if (n_neg - below_n) * n_pos >= below_t * n_neg:
-                    last_t, last_n = below_t, below_n
+        while i < end_t or j < end_n:
+            # the non-targets below the next target score: groups of non-targets only, rejecting i targets each
+            stop = j
+            if i < end_t:
+                while stop < end_n and non[stop] < tar[i]:
+                    stop += 1
+            else:
+                stop = end_n
+            if stop > j:
+                # the crossing: FAR >= FRR while the rejected non-targets n <= bound
+                bound = (n_neg * (n_pos - i)) // n_pos
+                if bound >= j:
+                    last_t, last_n = i, _run_start(non, min(bound, stop - 1), j)
+                    after = last_n + 1
+                    while after < stop and non[after] == non[last_n]:
+                        after += 1
+                    if first_t < 0 and after < stop:
+                        first_t, first_n = i, after
                 elif first_t < 0:
-                    first_t, first_n = below_t, below_n
+                    first_t, first_n = i, j
+                highest = _run_start(non, stop - 1, j)  # the run's cheapest threshold
                 for k in range(n_costs):
-                    c = weights[0, k] * below_t + weights[1, k] * (n_neg - below_n)
+                    c = weights[0, k] * i + weights[1, k] * (n_neg - highest)
                     if c < best[k]:
                         best[k] = c
-                        best_at[k, 0], best_at[k, 1] = below_t, below_n
-                auc_below += n_t * below_n
-                auc_equal += n_t * n_n
-                if with_pav:  # groups of non-targets only (rate 0) or targets only (rate 1) pool whole: push each
-                    kind = 0 if n_t == 0 else (1 if n_n == 0 else 2)  # such run at its end (any order of pooling
-                    if run_all and (kind != run_kind or kind == 2):  # adjacent violators gives the same fit)
+                        best_at[k, 0], best_at[k, 1] = i, highest
+                if with_pav:
+                    if run_all and run_kind != 0:
                         top = _pool(blocks, base, top, run_t, run_all)
                         run_t, run_all = 0, 0
-                    run_kind = kind
-                    run_t += n_t
-                    run_all += n_t + n_n
+                    run_kind = 0
+                    run_all += stop - j
                 if keep_groups:
-                    groups[0, base + g], groups[1, base + g] = n_t, n_n
-                g += 1
-                below_t, below_n = i, j
-            prev = v
-            i += take
-            j += 1 - take
+                    at = j
+                    while at < stop:
+                        end = at + 1
+                        while end < stop and non[end] == non[at]:
+                            end += 1
+                        groups[0, base + g], groups[1, base + g] = 0, end - at
+                        g += 1
+                        at = end
+                else:
+                    g += 1  # (the number of groups is only read with groups)
+                j = stop
+            if i == end_t:
+                break
+            # the group of the next target score, with the non-targets tied to it
+            v = tar[i]
+            below_t, below_n = i, j
+            while i < end_t and tar[i] == v:
+                i += 1
+            while j < end_n and non[j] == v:
+                j += 1
+            n_t, n_n = i - below_t, j - below_n
+            if (n_neg - below_n) * n_pos >= below_t * n_neg:
+                last_t, last_n = below_t, below_n
+            elif first_t < 0:
+                first_t, first_n = below_t, below_n
+            for k in range(n_costs):
+                c = weights[0, k] * below_t + weights[1, k] * (n_neg - below_n)
+                if c < best[k]:
+                    best[k] = c
+                    best_at[k, 0], best_at[k, 1] = below_t, below_n
+            auc_below += n_t * below_n
+            auc_equal += n_t * n_n
+            if with_pav:  # groups of targets only (rate 1) pool whole, like the runs of non-targets (rate 0): push
+                kind = 1 if n_n == 0 else 2  # each such run at its end (any order of pooling adjacent violators
+                if run_all and (kind != run_kind or kind == 2):  # gives the same fit)
+                    top = _pool(blocks, base, top, run_t, run_all)
+                    run_t, run_all = 0, 0
+                run_kind = kind
+                run_t += n_t
+                run_all += n_t + n_n
+            if keep_groups:
+                groups[0, base + g], groups[1, base + g] = n_t, n_n
+            g += 1
         if run_all:
             top = _pool(blocks, base, top, run_t, run_all)
         found[r, 0], found[r, 1], found[r, 2], found[r, 3] = last_t, last_n, first_t, first_n

@@ -136,8 +136,7 @@ def _sweep(
     # the non-target order statistics of numpy's linear quantile of the distances -score (ranks ascending distance)
     f = torch.tensor(fmr_vals, dtype=torch.float64)
     low_rank, high_rank, gamma = _quantile_ranks(n_neg, f)
-    ranks, where = np.unique(n_neg - 1 - torch.cat([low_rank, high_rank]).numpy(), return_inverse=True)
-    rank_values = np.empty(ranks.size)
+    rank_values = non[n_neg - 1 - torch.cat([low_rank, high_rank]).numpy()].astype(np.float64)  # (sorted)
     miss, fa = (w.numpy() for w in _weights(request.rates, torch.device("cpu")))
     blocks = np.empty((2, values.size if request.cllr else 0), dtype=np.int64)
     groups = np.empty((2, values.size if nearest else 0), dtype=np.int64)
@@ -145,7 +144,7 @@ def _sweep(
     reached = np.empty((n_ranges, 4 + 2 * miss.size), dtype=np.int64)
     counts = np.empty((n_ranges, 4), dtype=np.int64)
     weights = np.stack([miss / n_pos, fa / n_neg])
-    kernels.sweep(tar, non, starts, weights, ranks, rank_values, request.cllr, blocks, groups, reached, counts)
+    kernels.sweep(tar, non, starts, weights, request.cllr, blocks, groups, reached, counts)
     # the thresholds found (rejecting t targets and n non-targets), ascending, then "accept nothing" (P, N)
     candidates = reached[:, :4].reshape(-1, 2)
     candidates = np.concatenate([candidates[candidates[:, 0] >= 0], [[n_pos, n_neg]]])
@@ -166,7 +165,7 @@ def _sweep(
     if nearest:
         bases = starts.sum(axis=0)
         groups = np.concatenate([groups[:, b : b + g] for b, g in zip(bases[:-1], counts[:, 3], strict=True)], axis=1)
-    distances = -torch.from_numpy(rank_values[where])  # low ranks, then high ranks
+    distances = -torch.from_numpy(rank_values)  # low ranks, then high ranks
     thresholds = _lerp(distances[: f.numel()], distances[f.numel() :], gamma)
     # a target's distance -s is at least T exactly when s <= -T
     at_or_above = [kernels.count_below(tar, -float(t), True) for t in thresholds]
