@@ -83,7 +83,7 @@ def _exp_minus(a, powers):
     """``e^-a`` for ``0 <= a <= 708`` to a few ulps, without a call (so that the loop around it vectorises):
     ``a = k log 2 + r`` with ``|r| <= log(2) / 2`` (log 2 in two parts, so that ``r`` is exact), ``e^-r`` by its
     Taylor series to the 14th term (error below 1e-17), times ``powers[k] = 2^-k``."""
-    k = np.int64(a * _INV_LN2 + 0.5)
+    k = np.int32(a * _INV_LN2 + 0.5)  # int32: AVX2 converts doubles to int32 lanes, not to int64
     r = -((a - k * _LN2_HI) - k * _LN2_LO)
     p = 1.0 / 14.0 * r + 1.0
     for m in range(13, 0, -1):
@@ -113,12 +113,11 @@ def cllr_sums(scores, flags, chunk, powers, sums):
                 tiny = u < _TINY
                 factor = 1.0 if tiny else 1.0 + u
                 extra = u - 0.5 * u * u if tiny else 0.0
-                if flags[i]:
-                    prod_t *= factor
-                    add_t += max(-x, 0.0) + extra
-                else:
-                    prod_n *= factor
-                    add_n += max(x, 0.0) + extra
+                is_target = flags[i]  # selects, not branches: the loop vectorises
+                prod_t *= factor if is_target else 1.0
+                prod_n *= 1.0 if is_target else factor
+                add_t += max(-x, 0.0) + extra if is_target else 0.0
+                add_n += 0.0 if is_target else max(x, 0.0) + extra
             total_t += math.log(prod_t) + add_t
             total_n += math.log(prod_n) + add_n
         sums[c, 0], sums[c, 1] = total_t, total_n
