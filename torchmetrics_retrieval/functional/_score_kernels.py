@@ -56,7 +56,14 @@ def chunk_counts(scores, flags, chunk, splitters, counts):
     ``b`` (``B = splitters.size + 1``)."""
     n, n_ranges = scores.size, splitters.size + 1
     for c in prange(counts.shape[0]):
-        for i in range(c * chunk, min(n, (c + 1) * chunk)):
+        start, stop = c * chunk, min(n, (c + 1) * chunk)
+        if n_ranges == 1:  # one range (one thread): a sum of the flags, which vectorises
+            n_t = 0
+            for i in range(start, stop):
+                n_t += flags[i]
+            counts[c, 0], counts[c, 1] = n_t, stop - start - n_t
+            continue
+        for i in range(start, stop):
             counts[c, (1 - flags[i]) * n_ranges + _bucket(scores[i], splitters)] += 1
 
 
@@ -66,8 +73,20 @@ def split(scores, flags, chunk, splitters, at, tar, non):
     chunk ``c``, kind ``k`` and range ``b`` from ``at[c, k B + b]`` on (see :func:`chunk_counts`)."""
     n, n_ranges = scores.size, splitters.size + 1
     for c in prange(at.shape[0]):
+        start, stop = c * chunk, min(n, (c + 1) * chunk)
+        if n_ranges == 1:  # one range: the two write positions stay in registers
+            i_t, i_n = at[c, 0], at[c, 1]
+            for i in range(start, stop):
+                v = scores[i]
+                if flags[i]:
+                    tar[i_t] = v
+                    i_t += 1
+                else:
+                    non[i_n] = v
+                    i_n += 1
+            continue
         where = at[c].copy()
-        for i in range(c * chunk, min(n, (c + 1) * chunk)):
+        for i in range(start, stop):
             v = scores[i]
             k = 1 - flags[i]
             slot = k * n_ranges + _bucket(v, splitters)
