@@ -3,9 +3,8 @@ scikit-learn's ``roc_auc_score`` and ``roc_curve`` (ROC AUC, the ROC points of `
 ``IsotonicRegression`` followed by the Cllr formula (``min_cllr``), hand-computed Cllr and actual DCF, and the
 all-pairs path (``fnmr_at_fmr``) when the trial list is every labelled pair.
 
-speechbrain's ``EER``/``minDCF`` are not used: ``speechbrain.utils.metric_stats`` does not import without
-speechbrain's dependencies (``hyperpyyaml`` first), so ``pip install --no-deps speechbrain`` cannot serve as an
-oracle; docs/definitions.md compares its EER rule with ours.
+speechbrain's ``EER``/``minDCF`` are the oracle of ``test_speechbrain_oracle``; the one-sort path's ties, signed
+zeros and value ranges are tested in ``test_score_sweep``.
 """
 
 from __future__ import annotations
