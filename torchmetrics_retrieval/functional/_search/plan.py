@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "bf16_candidates_per_query",
     "buffer_width",
     "candidates_per_query",
     "force_compiled",
@@ -94,6 +95,21 @@ RANK_PAIRS = 2**18
 #: Largest squared norm accepted (float32 keys must not overflow).
 MAX_SQUARED_NORM = 1e36
 
+# ---- the bfloat16 candidate pass (``low_precision``) ----------------------------------------------------------------
+#: ``search_precision="auto"`` takes bfloat16 where a probe measures its products at least this many times faster
+#: than float32: the wider bound costs more candidates and canonical distances (about 1.3x the stage-2 work of
+#: float32 on clustered data, D = 128), which a smaller gain would not repay.
+BF16_MIN_SPEEDUP = 1.8
+#: Stage-1 candidates per query of a bfloat16 pass: ``K + max(BF16_MIN_MARGIN, K // BF16_MARGIN_DIVISOR)``. The
+#: bound is about ``2**16`` times wider than float32's, so a thin margin would leave most queries undecided.
+BF16_MIN_MARGIN = 16
+BF16_MARGIN_DIVISOR = 2
+#: A bfloat16 search whose first round leaves more than this share of its queries undecided continues in float32
+#: (the bound is too wide for the data: very low D, coarse quantised embeddings, masses of near ties).
+BF16_FALLBACK_SHARE = 0.25
+#: Float64 temporaries of rounding rows to bfloat16 (one block of rows at a time).
+BF16_ROUND_BYTES = 32 * 2**20
+
 # ---- compiled kernels -------------------------------------------------------------------------------------------
 #: numba is a dependency, but every path works without it (torch passes); it is imported on first use only.
 HAS_NUMBA = importlib.util.find_spec("numba") is not None
@@ -153,6 +169,11 @@ def force_compiled(enabled: bool | None) -> Iterator[None]:
 def candidates_per_query(k: int, n_gallery: int) -> int:
     """Stage-1 candidates per query for ``k`` neighbours: ``k`` plus the margin."""
     return min(n_gallery, k + min(MAX_MARGIN, max(MIN_MARGIN, k // MARGIN_DIVISOR)))
+
+
+def bf16_candidates_per_query(k: int, n_gallery: int) -> int:
+    """Stage-1 candidates per query of a bfloat16 pass for ``k`` neighbours (a wider margin: its bound is wider)."""
+    return min(n_gallery, k + max(BF16_MIN_MARGIN, k // BF16_MARGIN_DIVISOR))
 
 
 def buffer_width(kp: int) -> int:
