@@ -151,6 +151,7 @@ def _search(qg: QueryGallery, options: RetrievalOptions, k: int, exact_distances
         chunk_size=options.chunk_size,
         exact_distances=exact_distances,
         relevance=relevance,
+        precision=options.search_precision,
     )
 
 
