@@ -44,11 +44,11 @@ from torchmetrics_retrieval.functional._search.types import (
 __all__ = [
     "BACKENDS",
     "DISTANCES",
+    "SEARCH_PRECISIONS",
     "Distance",
     "DistanceBlock",
     "KNNBackend",
     "KNNResult",
-    "SEARCH_PRECISIONS",
     "SearchPrecision",
     "distance_blocks",
     "knn",

@@ -108,7 +108,7 @@ BF16_MARGIN_DIVISOR = 2
 #: (the bound is too wide for the data: very low D, coarse quantised embeddings, masses of near ties).
 BF16_FALLBACK_SHARE = 0.25
 #: Float64 temporaries of rounding rows to bfloat16 (one block of rows at a time).
-BF16_ROUND_BYTES = 32 * 2**20
+BF16_ROUND_BYTES = 8 * 2**20
 
 # ---- compiled kernels -------------------------------------------------------------------------------------------
 #: numba is a dependency, but every path works without it (torch passes); it is imported on first use only.
