@@ -136,6 +136,20 @@ def test_half_storage_values_identical_for_every_precision() -> None:
     assert all(torch.equal(found[0][key], other[key]) for other in found[1:] for key in found[0])
 
 
+def test_large_sets_read_float64_rows_on_demand_with_the_same_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above ``plan.FLOAT64_COPY_BYTES`` the search keeps no float64 copy of the set (the canonical stage upcasts
+    the candidates' rows only): the values are those of the copy, in either precision."""
+    x = clustered(300, 16, 11)
+    labels = torch.arange(300) // 20
+    options = {"map_at_r": True, "mrr": True, "cmc_top_k": (1, 5)}
+    expected = retrieval_metrics(x, labels, search_precision="float32", **options)  # type: ignore[arg-type]
+    monkeypatch.setattr(plan, "FLOAT64_COPY_BYTES", 0)
+    assert plan.lazy_float64(x)
+    for precision in ("float32", "bfloat16"):
+        found = retrieval_metrics(x, labels, search_precision=precision, **options)  # type: ignore[arg-type]
+        assert all(torch.equal(found[key], expected[key]) for key in expected)
+
+
 # ---- the bound ----------------------------------------------------------------------------------------------------
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "buffer_width",
     "candidates_per_query",
     "force_compiled",
+    "lazy_float64",
     "part_of",
     "resolve_backend",
     "symmetric_buffer_fits",
@@ -92,6 +93,9 @@ ROUND_PAIRS = 2**21
 #: Candidate pairs stage 2 ranks at once (up to about 180 bytes a pair: 45 MiB): smaller parts bound the memory
 #: at no measurable cost (the benchmarks page has the figures).
 RANK_PAIRS = 2**18
+#: A set whose float64 copy would exceed this many bytes is read as float64 block by block (``keys.Float64Rows``):
+#: the canonical stage then upcasts only the candidates' rows (same values; the copy would be 8 bytes an entry).
+FLOAT64_COPY_BYTES = 256 * 2**20
 #: Largest squared norm accepted (float32 keys must not overflow).
 MAX_SQUARED_NORM = 1e36
 
@@ -174,6 +178,12 @@ def candidates_per_query(k: int, n_gallery: int) -> int:
 def bf16_candidates_per_query(k: int, n_gallery: int) -> int:
     """Stage-1 candidates per query of a bfloat16 pass for ``k`` neighbours (a wider margin: its bound is wider)."""
     return min(n_gallery, k + max(BF16_MIN_MARGIN, k // BF16_MARGIN_DIVISOR))
+
+
+def lazy_float64(*sets: torch.Tensor) -> bool:
+    """Whether the float64 rows of a search over ``sets`` are read on demand (their copy exceeds
+    ``FLOAT64_COPY_BYTES``)."""
+    return sum(x.numel() for x in sets) * 8 > FLOAT64_COPY_BYTES
 
 
 def buffer_width(kp: int) -> int:
