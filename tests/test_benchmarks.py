@@ -121,3 +121,15 @@ def test_trials_benchmark_prints_every_option_set_and_the_memory(capsys: pytest.
     for name in trials.OPTION_SETS:
         assert out.count(f"  {name:<22} ") == len({1, os.cpu_count() or 1}), out  # padded as printed
     assert "2,000 trials over 300 x 128 embeddings" in out and "working memory" in out
+
+
+def test_precision_benchmark_prints_every_precision_faiss_and_memory(capsys: pytest.CaptureFixture[str]) -> None:
+    load_benchmark("_common")
+    precision = load_benchmark("bench_precision")
+    precision.main(["--n", "400", "--dim", "16", "--k", "5", "--threads", "1"])
+    out = capsys.readouterr().out
+    assert "bare faiss" in out and "products 512 x 4096 x 16" in out
+    for name in precision.PRECISIONS:
+        assert f"knn {name:<8}" in out and "identical True" in out
+    assert "undecided after round 1" in out
+    assert out.count("EmbeddingMetrics torch.float16 storage") == 3 and "peak above the stored set" in out
