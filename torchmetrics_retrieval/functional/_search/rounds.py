@@ -127,7 +127,7 @@ def _search_rounds(search: Search, stage: TorchStage | FaissStage, queries: Tens
         if first_round and isinstance(stage, TorchStage) and stage.precision == "bfloat16":
             low_precision.counters["first_round_queries"] += queries.numel()
             low_precision.counters["first_round_undecided"] += pending.numel()
-        if first_round and _falls_back(stage, pending.numel(), queries.numel()):
+        if first_round and isinstance(stage, TorchStage) and _falls_back(stage, pending.numel(), queries.numel()):
             stage.fall_back()
             low_precision.counters["fallbacks"] += 1
         kp = min(n_gallery, 2 * kp)
@@ -135,8 +135,7 @@ def _search_rounds(search: Search, stage: TorchStage | FaissStage, queries: Tens
     return KNNResult(distances, indices, valid)
 
 
-def _falls_back(stage: TorchStage | FaissStage, undecided: int, n_queries: int) -> bool:
+def _falls_back(stage: TorchStage, undecided: int, n_queries: int) -> bool:
     """Whether a bfloat16 stage continues in float32: its first round left more than ``plan.BF16_FALLBACK_SHARE`` of
     the queries undecided (its bound is too wide for these data; they would take round after round)."""
-    low = isinstance(stage, TorchStage) and stage.precision == "bfloat16"
-    return low and undecided > plan.BF16_FALLBACK_SHARE * n_queries
+    return stage.precision == "bfloat16" and undecided > plan.BF16_FALLBACK_SHARE * n_queries
