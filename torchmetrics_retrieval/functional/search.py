@@ -319,7 +319,7 @@ def _checked_search(
     backend: str,
     chunk_size: int | None,
     exact_distances: bool,
-    search_precision: str,
+    search_precision: str = "auto",
 ) -> Search:
     """Check the arguments of :func:`knn` (as it documents them) and prepare the search."""
     k = check_positive_int("k", k)
