@@ -136,6 +136,22 @@ def test_half_storage_values_identical_for_every_precision() -> None:
     assert all(torch.equal(found[0][key], other[key]) for other in found[1:] for key in found[0])
 
 
+@pytest.mark.parametrize("distance", DISTANCES)
+def test_symmetric_sweep_and_one_pass_bit_identical(monkeypatch: pytest.MonkeyPatch, distance: str) -> None:
+    """The sweep (the symmetric buffer forced not to fit, compiled scans) with bfloat16 keys: the float32 answer."""
+    x = clustered(1500, 12, 12)
+    seq = torch.arange(1500) // 7
+    expected = knn(x, None, 25, distance=distance, sequence_ids=seq, search_precision="float32", backend="torch")
+    one_pass = knn(x, None, 25, distance=distance, sequence_ids=seq, search_precision="bfloat16", backend="torch")
+    assert _same(one_pass, expected)
+    monkeypatch.setattr(plan, "_forced", True)
+    monkeypatch.setattr(plan, "SYMMETRIC_BUFFER_BYTES", 0)
+    monkeypatch.setattr(plan, "GROUP_ROWS", 256)
+    monkeypatch.setattr(plan, "SPILL_BYTES", 2**18)
+    swept = knn(x, None, 25, distance=distance, sequence_ids=seq, search_precision="bfloat16", backend="torch")
+    assert _same(swept, expected)
+
+
 def test_large_sets_read_float64_rows_on_demand_with_the_same_values(monkeypatch: pytest.MonkeyPatch) -> None:
     """Above ``plan.FLOAT64_COPY_BYTES`` the search keeps no float64 copy of the set (the canonical stage upcasts
     the candidates' rows only): the values are those of the copy, in either precision."""
