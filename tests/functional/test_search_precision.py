@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from torch import Tensor
 
 from tests.functional.test_knn import assert_matches_reference, integer_points, reference_knn
-from torchmetrics_retrieval import EmbeddingMetrics
+from torchmetrics_retrieval import CrossModalRetrieval, EmbeddingMetrics
 from torchmetrics_retrieval.functional import retrieval_metrics
 from torchmetrics_retrieval.functional._search import certify, low_precision, plan
 from torchmetrics_retrieval.functional._search.problem import Candidates, make_problem, rounding_terms
@@ -164,6 +164,18 @@ def test_large_sets_read_float64_rows_on_demand_with_the_same_values(monkeypatch
     for precision in ("float32", "bfloat16"):
         found = retrieval_metrics(x, labels, search_precision=precision, **options)  # type: ignore[arg-type]
         assert all(torch.equal(found[key], expected[key]) for key in expected)
+
+
+def test_cross_modal_values_identical_for_every_precision() -> None:
+    """The bipartite search of the two sides (one symmetric pass over the rectangle between them)."""
+    images = clustered(200, 24, 13)
+    captions = images.repeat_interleave(2, 0) + 0.3 * torch.randn(400, 24, generator=torch.Generator().manual_seed(1))
+    found = []
+    for precision in PRECISIONS:
+        metric = CrossModalRetrieval(search_precision=precision, map_at_r=True)  # type: ignore[arg-type]
+        metric.update(images, torch.arange(200), captions, torch.arange(400) // 2)
+        found.append(metric.compute())
+    assert all(torch.equal(found[0][key], other[key]) for other in found[1:] for key in found[0])
 
 
 # ---- the bound ----------------------------------------------------------------------------------------------------
