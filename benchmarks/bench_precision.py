@@ -67,10 +67,10 @@ def searches(x: torch.Tensor, k: int, faiss_seconds: float, precisions: Sequence
         seconds, found = best_of(lambda p=precision: knn(x, None, k, search_precision=p), 1)  # type: ignore[misc]
         reference = found if reference is None else reference
         same = all(torch.equal(a, b) for a, b in zip(found, reference, strict=True))
-        asked = low_precision.counters["first_round_queries"] - before["first_round_queries"]
-        undecided = low_precision.counters["first_round_undecided"] - before["first_round_undecided"]
-        fell_back = low_precision.counters["fallbacks"] - before["fallbacks"]
-        low = f", undecided after round 1 {undecided / asked:.2%}, fell back {bool(fell_back)}" if asked else ""
+        counts = {key: low_precision.counters[key] - before[key] for key in before}
+        prefix = "" if counts["first_round_queries"] else "float32_"
+        asked, undecided = counts[f"{prefix}first_round_queries"], counts[f"{prefix}first_round_undecided"]
+        low = f", undecided after round 1 {undecided / max(asked, 1):.2%}, fell back {bool(counts['fallbacks'])}"
         lines.append(
             f"  knn {precision:<8} {seconds:8.2f} s = {seconds / faiss_seconds:.2f}x faiss, identical {same}{low}"
         )

@@ -71,8 +71,16 @@ _GROWTH = 1.0 + 2.0**-6
 BF16_CPU_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
 
 #: What the bfloat16 searches of this process did: how many started, how many fell back to float32, and the
-#: queries of their first rounds with those the bound left undecided (searched again with more candidates).
-counters = {"bfloat16_searches": 0, "fallbacks": 0, "first_round_queries": 0, "first_round_undecided": 0}
+#: queries of their first rounds with those the bound left undecided (searched again with more candidates); the
+#: same counts of the float32 searches (``float32_...``), for comparison.
+counters = {
+    "bfloat16_searches": 0,
+    "fallbacks": 0,
+    "first_round_queries": 0,
+    "first_round_undecided": 0,
+    "float32_first_round_queries": 0,
+    "float32_first_round_undecided": 0,
+}
 
 
 class BFloat16Rows(NamedTuple):

@@ -124,9 +124,11 @@ def _search_rounds(search: Search, stage: TorchStage | FaissStage, queries: Tens
                 failed.append(rows[~ranked.certified])
                 advance(done.numel())
         pending = torch.cat(failed)
-        if first_round and isinstance(stage, TorchStage) and stage.precision == "bfloat16":
-            low_precision.counters["first_round_queries"] += queries.numel()
-            low_precision.counters["first_round_undecided"] += pending.numel()
+        if first_round:  # what the first round left undecided, by precision (low_precision.counters)
+            low = isinstance(stage, TorchStage) and stage.precision == "bfloat16"
+            prefix = "" if low else "float32_"
+            low_precision.counters[f"{prefix}first_round_queries"] += queries.numel()
+            low_precision.counters[f"{prefix}first_round_undecided"] += pending.numel()
         if first_round and isinstance(stage, TorchStage) and _falls_back(stage, pending.numel(), queries.numel()):
             stage.fall_back()
             low_precision.counters["fallbacks"] += 1
