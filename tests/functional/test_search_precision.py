@@ -4,7 +4,9 @@ it certifies with; the fallback to float32; and what ``"auto"`` chooses."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import hypothesis.strategies as st
 import pytest
@@ -176,6 +178,20 @@ def test_cross_modal_values_identical_for_every_precision() -> None:
         metric.update(images, torch.arange(200), captions, torch.arange(400) // 2)
         found.append(metric.compute())
     assert all(torch.equal(found[0][key], other[key]) for other in found[1:] for key in found[0])
+
+
+def test_command_line_values_identical_for_every_precision(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from torchmetrics_retrieval.cli import main
+
+    x = clustered(300, 16, 14)
+    torch.save(x, tmp_path / "x.pt")
+    torch.save(torch.arange(300) // 20, tmp_path / "y.pt")
+    printed = []
+    for precision in PRECISIONS:
+        args = ["evaluate", str(tmp_path / "x.pt"), str(tmp_path / "y.pt"), "--json", "--search-precision", precision]
+        assert main(args) == 0
+        printed.append(json.loads(capsys.readouterr().out))
+    assert printed[0] == printed[1] == printed[2]
 
 
 # ---- the bound ----------------------------------------------------------------------------------------------------
