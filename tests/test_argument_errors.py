@@ -267,6 +267,14 @@ KNN_OPTIONS = [
     bad("exact_distances not a bool", "exact_distances", exact_distances="yes"),
 ]
 
+# search_precision: knn's own argument, and the option of the same name wherever the options are taken
+SEARCH_PRECISION_CASES = [
+    bad("search_precision unknown", "search_precision", search_precision="float16"),
+    bad("search_precision a dtype", "search_precision", search_precision=torch.bfloat16),
+]
+KNN_OPTIONS += SEARCH_PRECISION_CASES
+OPTION_CASES += SEARCH_PRECISION_CASES
+
 FUNCTIONS: dict[str, Entry] = {
     # search
     "F.knn": Entry(F.knn, {"query": X, "k": 2}, [*embedding_cases("query"), *KNN_OPTIONS, *KNN_EXCLUSIONS]),

@@ -143,3 +143,15 @@ def test_audit_benchmark_prints_the_audit_cost_and_both_evaluations(capsys: pyte
     assert out.count("audit_neighbours") == n_threads, out
     assert out.count("approximate + audit") == 3 * n_threads, out  # two sizes, and the extrapolation
     assert out.count("extrapolated to N = 8,000 from N = 2,000 and 4,000") == n_threads, out
+
+
+def test_precision_benchmark_prints_every_precision_faiss_and_memory(capsys: pytest.CaptureFixture[str]) -> None:
+    load_benchmark("_common")
+    precision = load_benchmark("bench_precision")
+    precision.main(["--n", "400", "--dim", "16", "--k", "5", "--threads", "1"])
+    out = capsys.readouterr().out
+    assert "bare faiss" in out and "products 512 x 4096 x 16" in out
+    for name in precision.PRECISIONS:
+        assert f"knn {name:<8}" in out and "identical True" in out
+    assert "undecided after round 1" in out
+    assert out.count("EmbeddingMetrics torch.float16 storage") == 3 and "peak above the stored set" in out

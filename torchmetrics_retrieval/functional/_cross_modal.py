@@ -99,7 +99,12 @@ def _stacked_search(
         return _relevance_matrix_compute(labels[rows], labels, items, None, opts.label_comparison_fn)
 
     search = Search.prepare(
-        problem, max(depths), chunk_size=opts.chunk_size, exact_distances=False, relevance=relevance
+        problem,
+        max(depths),
+        chunk_size=opts.chunk_size,
+        exact_distances=False,
+        relevance=relevance,
+        precision=opts.search_precision,
     )
     found = search(torch.arange(stacked.shape[0], device=stacked.device))
     del problem, search  # the stage rows and candidate buffers

@@ -29,7 +29,14 @@ from torchmetrics_retrieval.functional._checks import (
 from torchmetrics_retrieval.functional.ranking import PrecisionMode
 from torchmetrics_retrieval.functional.reduction import EMPTY_TARGET_ACTIONS, EmptyTargetAction
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
-from torchmetrics_retrieval.functional.search import BACKENDS, DISTANCES, Distance, KNNBackend
+from torchmetrics_retrieval.functional.search import (
+    BACKENDS,
+    DISTANCES,
+    SEARCH_PRECISIONS,
+    Distance,
+    KNNBackend,
+    SearchPrecision,
+)
 
 if sys.version_info >= (3, 11):  # the type of the ``**kwargs`` of the entry points, with a TypedDict
     from typing import Unpack
@@ -113,6 +120,7 @@ EMPTY_TARGET_ACTION = _choice(EMPTY_TARGET_ACTIONS)
 KNN_BACKEND = _choice(BACKENDS)
 STR = OptionKind("str", _check_str)
 FACTORY_OR_NONE = OptionKind("str_or_none", _check_factory_or_none)
+SEARCH_PRECISION = _choice(SEARCH_PRECISIONS)
 
 
 def _spec(kind: OptionKind, help_text: str) -> dict[str, Any]:
@@ -189,6 +197,10 @@ class RetrievalOptions:
     n_bootstrap: int = field(default=1000, metadata=_spec(POSITIVE_INT, "bootstrap resamples of the intervals"))
     seed: int = field(default=0, metadata=_spec(SEED, "seed of the bootstrap resamples"))
     knn_backend: KNNBackend = field(default="auto", metadata=_spec(KNN_BACKEND, "kNN backend"))
+    search_precision: SearchPrecision = field(
+        default="auto",
+        metadata=_spec(SEARCH_PRECISION, "products of the kNN search's candidate pass (values never depend on it)"),
+    )
     chunk_size: int | None = field(
         default=None, metadata=_spec(POSITIVE_INT_OR_NONE, "rows per distance block (None: from a memory budget)")
     )
@@ -287,6 +299,7 @@ class OptionArguments(TypedDict, total=False):
     n_bootstrap: int
     seed: int
     knn_backend: KNNBackend
+    search_precision: SearchPrecision
     chunk_size: int | None
     progress: bool
     approximate_index: str | None

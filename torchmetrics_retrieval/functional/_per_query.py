@@ -27,7 +27,7 @@ from torchmetrics_retrieval.functional._progress import section
 from torchmetrics_retrieval.functional._ranks import plan as ranks_plan
 from torchmetrics_retrieval.functional._ranks.count import relevant_ranks
 from torchmetrics_retrieval.functional._search.certify import canonical_distances
-from torchmetrics_retrieval.functional._search.plan import symmetric_search_fits
+from torchmetrics_retrieval.functional._search.plan import lazy_float64, symmetric_search_fits
 from torchmetrics_retrieval.functional._search.problem import make_problem
 from torchmetrics_retrieval.functional._search.rounds import Search
 from torchmetrics_retrieval.functional._search.types import KNNResult
@@ -135,7 +135,9 @@ def _ranking_values(
 
 def _search(qg: QueryGallery, options: RetrievalOptions, k: int, exact_distances: bool) -> Search:
     """The kNN search of the problem; a set against itself takes the symmetric path (each distance once)."""
-    problem = make_problem(qg.query, qg.gallery, options.distance, qg.exclusions(), qg.same_set)
+    sets = (qg.query,) if qg.same_set else (qg.query, qg.gallery)
+    lazy = lazy_float64(*sets)  # a large set: no float64 copy, only the candidates' rows are upcast
+    problem = make_problem(qg.query, qg.gallery, options.distance, qg.exclusions(), qg.same_set, lazy64=lazy)
     relevance = None
     if not exact_distances:  # the metrics need the relevance of each rank only, not the exact tie order
 
@@ -151,6 +153,7 @@ def _search(qg: QueryGallery, options: RetrievalOptions, k: int, exact_distances
         chunk_size=options.chunk_size,
         exact_distances=exact_distances,
         relevance=relevance,
+        precision=options.search_precision,
     )
 
 
@@ -231,7 +234,8 @@ _NEAREST, _NEAREST_HIT = "_nearest", "_nearest_relevant"
 def _nearest_distances(qg: QueryGallery, options: RetrievalOptions, items: Tensor, found: Tensor) -> Tensor:
     """The canonical distance of each query to its nearest gallery item (the value ``knn`` reports), +inf where
     the query's gallery is empty."""
-    problem = make_problem(qg.query, qg.gallery, options.distance, qg.exclusions(), qg.same_set)
+    lazy = lazy_float64(*((qg.query,) if qg.same_set else (qg.query, qg.gallery)))
+    problem = make_problem(qg.query, qg.gallery, options.distance, qg.exclusions(), qg.same_set, lazy64=lazy)
     rows = torch.arange(qg.query.shape[0], device=qg.query.device)
     distances = canonical_distances(problem, rows, rows, items).to(qg.query.dtype)
     return distances.masked_fill(~found, float("inf"))

@@ -32,7 +32,7 @@ from torchmetrics_retrieval.functional.identification import _dir_at_fpir_comput
 from torchmetrics_retrieval.functional.ranking import PrecisionMode
 from torchmetrics_retrieval.functional.reduction import EmptyTargetAction, label_names
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
-from torchmetrics_retrieval.functional.search import Distance, KNNBackend
+from torchmetrics_retrieval.functional.search import Distance, KNNBackend, SearchPrecision
 
 __all__ = ["RetrievalOptions", "RetrievalResult", "retrieval_metrics", "retrieval_per_query"]
 
@@ -218,6 +218,7 @@ def retrieval_metrics(
     n_bootstrap: int = 1000,
     seed: int = 0,
     knn_backend: KNNBackend = "auto",
+    search_precision: SearchPrecision = "auto",
     chunk_size: int | None = None,
     progress: bool = False,
     approximate_index: str | None = None,
@@ -280,6 +281,7 @@ def retrieval_metrics(
         n_bootstrap: bootstrap resamples of the intervals.
         seed: seed of the bootstrap resamples.
         knn_backend: kNN backend.
+        search_precision: products of the kNN search's candidate pass (values never depend on it).
         chunk_size: rows per distance block (None: from a memory budget).
         progress: progress bars (tqdm, on stderr) on the passes that take more than a second.
         approximate_index: faiss index_factory string of an approximate index (None: exact search): every

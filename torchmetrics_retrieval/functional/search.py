@@ -27,6 +27,7 @@ from torchmetrics_retrieval.functional._checks import (
     describe,
 )
 from torchmetrics_retrieval.functional._search.blocks import iter_blocks
+from torchmetrics_retrieval.functional._search.low_precision import SEARCH_PRECISIONS, SearchPrecision
 from torchmetrics_retrieval.functional._search.problem import make_problem
 from torchmetrics_retrieval.functional._search.rounds import Search
 from torchmetrics_retrieval.functional._search.types import (
@@ -43,10 +44,12 @@ from torchmetrics_retrieval.functional._search.types import (
 __all__ = [
     "BACKENDS",
     "DISTANCES",
+    "SEARCH_PRECISIONS",
     "Distance",
     "DistanceBlock",
     "KNNBackend",
     "KNNResult",
+    "SearchPrecision",
     "distance_blocks",
     "knn",
     "knn_chunks",
@@ -185,6 +188,7 @@ def knn(
     backend: KNNBackend = "auto",
     chunk_size: int | None = None,
     exact_distances: bool = True,
+    search_precision: SearchPrecision = "auto",
 ) -> KNNResult:
     r"""Exact k nearest eligible gallery items of every query, nearest first, ties by gallery position.
 
@@ -230,6 +234,11 @@ def knn(
             get the float64 recomputation; the others report the distance of their float32 search key,
             within its rounding bound of the canonical one. Faster with large K when only the neighbours
             are needed.
+        search_precision: ``"auto"``, ``"float32"`` or ``"bfloat16"``: the precision of stage 1's products
+            (torch stage). bfloat16 candidates are certified against a wider rounding bound, so the result is
+            identical; ``"auto"`` takes bfloat16 where it measures faster (CPUs with AMX or AVX512-BF16,
+            GPUs with bfloat16 tensor cores). A bfloat16 search whose bound leaves too many queries undecided
+            continues in float32.
 
     Returns:
         :class:`KNNResult` ``(distances (Q, K), indices (Q, K) int64, valid (Q, K) bool)``; where a query
@@ -247,8 +256,9 @@ def knn(
         [[1.0, 1.0], [0.0, 1.0], [0.0, 1.0], [2.0, 2.0]]
     """
     search = _checked_search(
-        query, gallery, k, distance, exclude_self, sequence_ids, search_groups, backend, chunk_size, exact_distances
-    )
+        query, gallery, k, distance, exclude_self, sequence_ids, search_groups, backend, chunk_size, exact_distances,
+        search_precision,
+    )  # fmt: skip
     return search(torch.arange(search.problem.query.shape[0], device=search.problem.query.device))
 
 
@@ -266,6 +276,7 @@ def knn_chunks(
     chunk_size: int | None = None,
     exact_distances: bool = True,
     relevance: RelevanceFn | None = None,
+    search_precision: SearchPrecision = "auto",
 ) -> Iterator[tuple[Tensor, KNNResult]]:
     """:func:`knn`, query chunk by query chunk: yields ``(query positions, their KNNResult)`` for
     consecutive chunks of ``rows_per_chunk`` queries, each identical to those rows of :func:`knn`'s result.
@@ -290,8 +301,9 @@ def knn_chunks(
     if relevance is not None and exact_distances is not False:
         raise ValueError(f"`relevance` needs exact_distances=False, got exact_distances={exact_distances!r}.")
     search = _checked_search(
-        query, gallery, k, distance, exclude_self, sequence_ids, search_groups, backend, chunk_size, exact_distances
-    )._replace(relevance=relevance)
+        query, gallery, k, distance, exclude_self, sequence_ids, search_groups, backend, chunk_size, exact_distances,
+        search_precision,
+    )._replace(relevance=relevance)  # fmt: skip
     queries = torch.arange(search.problem.query.shape[0], device=search.problem.query.device)
     return ((rows, search(rows)) for rows in queries.split(rows_per_chunk))
 
@@ -307,11 +319,13 @@ def _checked_search(
     backend: str,
     chunk_size: int | None,
     exact_distances: bool,
+    search_precision: str = "auto",
 ) -> Search:
     """Check the arguments of :func:`knn` (as it documents them) and prepare the search."""
     k = check_positive_int("k", k)
     check_choice("distance", distance, DISTANCES)
     check_choice("backend", backend, BACKENDS)
+    check_choice("search_precision", search_precision, SEARCH_PRECISIONS)
     if chunk_size is not None:
         check_positive_int("chunk_size", chunk_size)
     if not isinstance(exact_distances, bool):
@@ -328,4 +342,6 @@ def _checked_search(
         one_set=same_set,
     )
     problem = make_problem(query, gallery_, distance, exclusions, same_set)
-    return Search.prepare(problem, k, backend=backend, chunk_size=chunk_size, exact_distances=exact_distances)
+    return Search.prepare(
+        problem, k, backend=backend, chunk_size=chunk_size, exact_distances=exact_distances, precision=search_precision
+    )

@@ -16,7 +16,7 @@ from torchmetrics_retrieval.functional.ranking import PrecisionMode
 from torchmetrics_retrieval.functional.reduction import EmptyTargetAction
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
 from torchmetrics_retrieval.functional.retrieval import RetrievalOptions
-from torchmetrics_retrieval.functional.search import Distance, KNNBackend
+from torchmetrics_retrieval.functional.search import Distance, KNNBackend, SearchPrecision
 from torchmetrics_retrieval.metrics._kwargs import MetricKwargs, Unpack
 from torchmetrics_retrieval.metrics._sharded.cross_modal import check_same_dimension, missing_side
 from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator, upcast_half, validate_batch
@@ -88,6 +88,7 @@ class CrossModalRetrieval(Metric):
         n_bootstrap: bootstrap resamples of the intervals.
         seed: seed of the bootstrap resamples.
         knn_backend: kNN backend.
+        search_precision: products of the kNN search's candidate pass (values never depend on it).
         chunk_size: rows per distance block (None: from a memory budget).
         progress: progress bars (tqdm, on stderr) on the passes that take more than a second.
         approximate_index: faiss index_factory string of an approximate index (None: exact search): every
@@ -154,6 +155,7 @@ class CrossModalRetrieval(Metric):
         n_bootstrap: int = 1000,
         seed: int = 0,
         knn_backend: KNNBackend = "auto",
+        search_precision: SearchPrecision = "auto",
         chunk_size: int | None = None,
         progress: bool = False,
         approximate_index: str | None = None,

@@ -23,6 +23,8 @@ The pipeline, one stage per module, imports in one direction (each module import
        |     symmetric_sweep.py a large set against itself, group by group, spilling to later groups
        |     compiled/          numba scans, per-row radix sorts and the near-tie ordering (CPU)
        +-- faiss_stage.py       a faiss flat index: exact top-k, or a range search below thresholds
+       |   low_precision.py     the torch stage's keys from bfloat16 rows (float32 sums), each row's exact
+       |                        rounding error, the wider bound they add, and what search_precision="auto" picks
        |
     certify.py        stage 2: canonical distances of the candidates, order by (distance, position), and
        |              the certificate: K-th distance < what the floor minus the rounding bound allows
@@ -39,6 +41,14 @@ What each stage proves: stage 1 proves nothing about order; it guarantees, throu
 non-candidate's key is at least the floor. ``certify.key_tolerance`` bounds the float32 rounding of any
 key rigorously, so a certified query's answer equals the exact answer of the canonical float64 distances,
 ties ordered by gallery position, for every backend, chunk size and thread count.
+
+Low precision (``search_precision="bfloat16"``, or ``"auto"`` on hardware with bfloat16 units): the torch stage
+multiplies rows rounded to bfloat16, and its candidates carry the extra bound of that rounding
+(``low_precision.extra_tolerance``: ``|<q,g> - <q^,g^>| <= e_q |g| + |q^| e_g`` with the rows' exact rounding
+errors ``e``, plus one bfloat16 rounding of the float32 sum), which ``certify.candidate_tolerance`` adds to the
+float32 one. The wider bound takes more candidates (``plan.bf16_candidates_per_query``); a first round that
+leaves more than ``plan.BF16_FALLBACK_SHARE`` of the queries undecided turns the stage to float32
+(``rounds``). The answer is the same bit for bit: only the certificate's bound changes.
 
 Where the constants live: all in ``plan.py`` (with the reason for each); the measurements behind them in
 benchmarks/README.md. How tests take either path on small data: ``plan.force_compiled(True | False)``.

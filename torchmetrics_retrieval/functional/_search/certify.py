@@ -22,7 +22,15 @@ from torchmetrics_retrieval.functional._search.keys import Float64Rows, canonica
 from torchmetrics_retrieval.functional._search.problem import Candidates, Problem
 from torchmetrics_retrieval.functional._search.types import RelevanceFn, consecutive_start
 
-__all__ = ["Ranked", "canonical_distances", "cap_keys", "key_tolerance", "order_by_distance_then_position", "rank"]
+__all__ = [
+    "Ranked",
+    "candidate_tolerance",
+    "canonical_distances",
+    "cap_keys",
+    "key_tolerance",
+    "order_by_distance_then_position",
+    "rank",
+]
 
 
 #: Pairs whose canonical distances :func:`canonical_distances` computes at once (about 20 MiB of working arrays).
@@ -83,6 +91,15 @@ def key_tolerance(problem: Problem, rows: Tensor | slice, rounding: int) -> Tens
     if problem.distance == "dot":
         return unit * q_norm * g_norm
     return unit * (q_norm + g_norm) ** 2
+
+
+def candidate_tolerance(problem: Problem, rows: Tensor | slice, candidates: Candidates) -> Tensor:
+    """``(R,)`` float64 bound on |stage-1 key - exact key| of the candidates' keys: :func:`key_tolerance`, widened by
+    a bfloat16 pass's rounding (``low_precision``: ``(1 + 2**-6)`` times the float32 bound plus its own terms)."""
+    tolerance = key_tolerance(problem, rows, candidates.rounding)
+    if candidates.extra is None:
+        return tolerance
+    return tolerance * (1.0 + 2.0**-6) + candidates.extra.to(tolerance)
 
 
 def _key_to_distance(problem: Problem, rows: Tensor, keys: Tensor) -> Tensor:
@@ -173,8 +190,8 @@ def rank(
     distance too, on the same side (and far more than a float32 step apart after rounding). Near
     duplicates are recomputed too, so that a duplicate's distance is exactly 0.
     """
-    indices, ok, floor, keys, rounding = candidates
-    tolerance = key_tolerance(problem, rows, rounding)
+    indices, ok, floor, keys = candidates.indices, candidates.ok, candidates.floor, candidates.keys
+    tolerance = candidate_tolerance(problem, rows, candidates)
     if not exact_distances and plan.use_compiled(ok.device, problem.query.shape[0], problem.gallery.shape[0]):
         return _rank_compiled(problem, rows, candidates, k, tolerance, relevance)
     if exact_distances:
@@ -252,7 +269,7 @@ def _rank_compiled(
     With ``relevance``, a run of near ties whose items are all relevant or all irrelevant keeps its key
     order: any order of it gives every rank the same relevance, so only mixed runs are recomputed.
     """
-    indices, ok, floor, keys, _ = candidates
+    indices, ok, floor, keys = candidates.indices, candidates.ok, candidates.floor, candidates.keys
     keys32 = keys.to(torch.float32).masked_fill(~ok, float("inf"))
     near_limit = _near_duplicate_limit(problem, rows, tolerance)
     keys32, items, near = sort_by_key(keys32, indices.masked_fill(~ok, 0), 2.0 * tolerance, near_limit)

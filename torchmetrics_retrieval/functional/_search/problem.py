@@ -113,10 +113,15 @@ class Candidates(NamedTuple):
     floor: Tensor  # (R,) float: no non-candidate has a smaller key
     keys: Tensor  # (R, kp) float: the stage-1 keys (meaningful where ok)
     rounding: int  # the keys' rounding bound in units of u * scale (see ``certify.key_tolerance``)
+    # (R,) float64: what a bfloat16 pass adds to that bound (``low_precision.extra_tolerance``); None: float32 keys
+    extra: Tensor | None = None
 
     def take(self, rows: Tensor | slice) -> Candidates:
         """The candidates of a subset of the rows."""
-        return self._replace(indices=self.indices[rows], ok=self.ok[rows], floor=self.floor[rows], keys=self.keys[rows])
+        extra = None if self.extra is None else self.extra[rows]
+        return self._replace(
+            indices=self.indices[rows], ok=self.ok[rows], floor=self.floor[rows], keys=self.keys[rows], extra=extra
+        )
 
 
 def rounding_terms(dim: int, threshold_in_product: bool = False) -> int:

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional._precision import ieee_float32_matmul
 from torchmetrics_retrieval.functional._progress import advance
-from torchmetrics_retrieval.functional._search import plan
+from torchmetrics_retrieval.functional._search import low_precision, plan
 from torchmetrics_retrieval.functional._search.certify import rank
 from torchmetrics_retrieval.functional._search.faiss_stage import FaissStage
 from torchmetrics_retrieval.functional._search.problem import Problem
@@ -42,10 +42,13 @@ class Search(NamedTuple):
         chunk_size: int | None = None,
         exact_distances: bool = True,
         relevance: RelevanceFn | None = None,
+        precision: str = "auto",
     ) -> Search:
         """Choose the stage (``plan.resolve_backend``) and prepare the gallery for it; nothing is checked here.
 
-        ``K = min(k, G, the largest number of eligible items of any query)``.
+        ``K = min(k, G, the largest number of eligible items of any query)``. ``precision`` (``"auto"``,
+        ``"float32"``, ``"bfloat16"``) is the precision of the torch stage's products (``low_precision``); the
+        faiss stage and capped searches (whose first thresholds assume float32 keys) take float32.
         """
         # a cap is compared with each item's canonical distance, which only exact distances give
         assert problem.caps is None or exact_distances, "a capped search needs exact_distances=True"
@@ -54,6 +57,9 @@ class Search(NamedTuple):
         if k == 0:
             return cls(problem, None, 0, 0, chunk_size, exact_distances, relevance)
         kp = plan.candidates_per_query(k, n_gallery)
+        bf16 = low_precision.resolve(precision, problem.query.device) == "bfloat16" and problem.caps is None
+        if bf16 and backend == "auto":  # faiss searches in float32 only
+            backend = "torch"
         engine = plan.resolve_backend(
             backend,
             problem.query.device,
@@ -64,9 +70,17 @@ class Search(NamedTuple):
             # faiss cannot restrict a search to a group, nor to the other side of a bipartite search
             groups=problem.exclusions.search_groups is not None or problem.split is not None,
         )
-        stage = (
-            TorchStage(problem, chunk_size) if engine == "torch" else FaissStage(problem, use_gpu=engine == "faiss-gpu")
-        )
+        stage: TorchStage | FaissStage
+        if engine == "torch" and bf16:
+            low_precision.counters["bfloat16_searches"] += 1
+            kp = plan.bf16_candidates_per_query(k, n_gallery)
+            stage = TorchStage(problem, chunk_size, "bfloat16")
+            # distances taken from bfloat16 keys would differ from float32's: only metrics (``relevance``) skip them
+            exact_distances = exact_distances or relevance is None
+        elif engine == "torch":
+            stage = TorchStage(problem, chunk_size)
+        else:
+            stage = FaissStage(problem, use_gpu=engine == "faiss-gpu")
         return cls(problem, stage, k, kp, chunk_size, exact_distances, relevance)
 
     def __call__(self, queries: Tensor) -> KNNResult:
@@ -82,6 +96,7 @@ class Search(NamedTuple):
 
 
 @ieee_float32_matmul()  # the certificate's rounding bound assumes IEEE float32 products
+@low_precision.float32_accumulation()  # and bfloat16 products accumulated in float32
 def _search_rounds(search: Search, stage: TorchStage | FaissStage, queries: Tensor) -> KNNResult:
     """Rounds of stage 1 + stage 2 over the uncertified ``queries``, doubling the candidates each round."""
     problem, k, kp, chunk_size = search.problem, search.k, search.kp, search.chunk_size
@@ -109,6 +124,20 @@ def _search_rounds(search: Search, stage: TorchStage | FaissStage, queries: Tens
                 failed.append(rows[~ranked.certified])
                 advance(done.numel())
         pending = torch.cat(failed)
+        if first_round:  # what the first round left undecided, by precision (low_precision.counters)
+            low = isinstance(stage, TorchStage) and stage.precision == "bfloat16"
+            prefix = "" if low else "float32_"
+            low_precision.counters[f"{prefix}first_round_queries"] += queries.numel()
+            low_precision.counters[f"{prefix}first_round_undecided"] += pending.numel()
+        if first_round and isinstance(stage, TorchStage) and _falls_back(stage, pending.numel(), queries.numel()):
+            stage.fall_back()
+            low_precision.counters["fallbacks"] += 1
         kp = min(n_gallery, 2 * kp)
         first_round = False
     return KNNResult(distances, indices, valid)
+
+
+def _falls_back(stage: TorchStage, undecided: int, n_queries: int) -> bool:
+    """Whether a bfloat16 stage continues in float32: its first round left more than ``plan.BF16_FALLBACK_SHARE`` of
+    the queries undecided (its bound is too wide for these data; they would take round after round)."""
+    return stage.precision == "bfloat16" and undecided > plan.BF16_FALLBACK_SHARE * n_queries

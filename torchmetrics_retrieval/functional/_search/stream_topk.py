@@ -190,6 +190,7 @@ def stream_topk(
     estimate: bool = False,
     compiled: bool | None = None,
     ceiling: Tensor | None = None,
+    key_fn: KeyFn | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The ``kp`` smallest keys ``bias[g] + alpha * <q, g>`` of every query against a gallery.
 
@@ -207,13 +208,14 @@ def stream_topk(
             search taken in groups of queries decides it once for all of them.
         ceiling: ``(Q,)`` float32 first thresholds known beforehand (+inf: none), e.g. from the caps of a sharded
             search; the sample is taken only when some query has none.
+        key_fn: the keys of a block (default :func:`addmm_keys` of the arguments), e.g. from bfloat16 rows.
 
     Returns:
         ``(keys (Q, kp), positions (Q, kp), floors (Q,))``: +inf keys where a query has fewer candidates;
         every key of a query that is not among its candidates is >= its floor.
     """
 
-    key_fn = addmm_keys(query, gallery, bias, alpha)
+    key_fn = key_fn or addmm_keys(query, gallery, bias, alpha)
     n_query, n_gallery = query.shape[0], gallery.shape[0]
     tau = _first_thresholds(n_query, n_gallery, key_fn, kp, mask_fn, rows_per_chunk, estimate, ceiling)
     buffer = _new_buffer(kp, tau, n_gallery, compiled)

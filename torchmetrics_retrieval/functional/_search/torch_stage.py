@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._search import plan
+from torchmetrics_retrieval.functional._search import low_precision, plan
 from torchmetrics_retrieval.functional._search.certify import cap_keys
 from torchmetrics_retrieval.functional._search.problem import Candidates, Problem, rounding_terms
 from torchmetrics_retrieval.functional._search.stream_topk import BlockMemory, stream_topk, stream_topk_symmetric
@@ -65,18 +65,35 @@ class TorchStage:
     when they do not. A bipartite problem (``Problem.split``) computes only the rectangle between its two
     sets in that pass (not swept: when its buffer does not fit, its rows are searched one-sided). Later rounds
     (a few uncertified queries, more candidates) search their rows against the whole gallery.
+
+    With ``precision="bfloat16"`` the rows are rounded to bfloat16 block by block (no float32 copy of the set) and
+    the keys come from bfloat16 products (``low_precision``); the candidates carry the wider bound.
+    :meth:`fall_back` turns the stage to float32 for the rest of the search.
     """
 
-    def __init__(self, problem: Problem, chunk_size: int | None) -> None:
-        self.problem = problem
-        gallery, gallery_sq = problem.stage_gallery()
-        self.bias = gallery_sq if gallery_sq is not None else torch.zeros_like(gallery[:, 0])
+    def __init__(self, problem: Problem, chunk_size: int | None, precision: str = "float32") -> None:
+        self.problem, self.chunk_size, self.precision = problem, chunk_size, precision
+        self.low: low_precision.BFloat16Rows | None = None
+        if precision == "bfloat16":
+            self.low = low_precision.round_rows(problem.gallery64, problem.gallery_sq64, problem.distance)
+            gallery = self.low.rows
+            l2 = problem.distance in ("euclidean", "sqeuclidean")
+            gallery_sq = problem.gallery_sq64.to(torch.float32) if l2 else None
+        else:
+            gallery, gallery_sq = problem.stage_gallery()
+        zeros = torch.zeros(gallery.shape[0], dtype=torch.float32, device=gallery.device)
+        self.bias = gallery_sq if gallery_sq is not None else zeros
         self.alpha = -2.0 if gallery_sq is not None else -1.0
         self.rows = min(plan.STAGE1_ROWS, chunk_size or plan.STAGE1_ROWS)
         self.cols = max(1, min(plan.STAGE1_COLUMNS, chunk_size or plan.STAGE1_COLUMNS, gallery.shape[0]))
         self.symmetric = problem.symmetric
+        self.symmetric_keys: SymmetricKeys | low_precision.BFloat16SymmetricKeys
         if self.symmetric:  # one copy of the rows serves the symmetric keys and, as a view, the other rounds
-            self.symmetric_keys = SymmetricKeys(gallery, None if gallery_sq is None else gallery_sq / 2)
+            half = None if gallery_sq is None else gallery_sq / 2
+            if self.low is not None:
+                self.symmetric_keys = low_precision.BFloat16SymmetricKeys(gallery, half)
+            else:
+                self.symmetric_keys = SymmetricKeys(gallery, half)
             gallery = self.symmetric_keys.x
         self.gallery = gallery
         self._all_rows: Candidates | None = None
@@ -95,9 +112,22 @@ class TorchStage:
                 return found
         return self._search(rows, kp, estimate=first_round)
 
-    def _candidates(self, found: tuple[Tensor, Tensor, Tensor]) -> Candidates:
+    def fall_back(self) -> None:
+        """Continue in float32: the bfloat16 bound left too many queries undecided (``plan.BF16_FALLBACK_SHARE``)."""
+        self.__init__(self.problem, self.chunk_size, "float32")  # type: ignore[misc]
+
+    def _candidates(self, found: tuple[Tensor, Tensor, Tensor], low: tuple[Tensor, Tensor] | None) -> Candidates:
+        """Candidates of found keys; ``low``: the bfloat16 rounding errors and rounded norms of their queries."""
         keys, positions, floor = found
-        return Candidates(positions, keys < float("inf"), floor, keys, rounding_terms(self.gallery.shape[1]))
+        extra = None
+        if low is not None and self.low is not None:
+            extra = low_precision.extra_tolerance(*low, self.low, self.problem.distance)
+        rounding = rounding_terms(self.gallery.shape[1])
+        return Candidates(positions, keys < float("inf"), floor, keys, rounding, extra)
+
+    def _own_rounding(self, rows: Tensor | slice) -> tuple[Tensor, Tensor] | None:
+        """The bfloat16 rounding errors and rounded norms of the set's own rows (None: float32)."""
+        return None if self.low is None else (self.low.error[rows], self.low.rounded_norm[rows])
 
     def _from_symmetric(self, found: tuple[Tensor, Tensor, Tensor], rows: Tensor | slice) -> Candidates:
         """Candidates from symmetric keys, which for L2 become ``|g|^2 - 2<q, g> = 2 * key - |q|^2``."""
@@ -105,7 +135,7 @@ class TorchStage:
         if self.alpha == -2.0:
             floor = 2.0 * floor - self.bias[rows]
             keys = 2.0 * keys - self.bias[rows, None]
-        return self._candidates((keys, positions, floor))
+        return self._candidates((keys, positions, floor), self._own_rounding(rows))
 
     def _symmetric_mask(self) -> Callable[[Tensor, slice, slice | Tensor], object]:
         """The exclusions of a symmetric pass's blocks. A block of a bipartite pass's rectangle pairs the two
@@ -165,7 +195,15 @@ class TorchStage:
 
     def _search(self, rows: Tensor, kp: int, estimate: bool) -> Candidates:
         problem = self.problem
-        query = self.gallery[rows] if self.symmetric else problem.stage_query(rows)
+        low = self._own_rounding(rows) if self.symmetric else None
+        if self.symmetric:
+            query = self.gallery[rows]
+        elif self.low is not None:
+            rounded = low_precision.round_rows(problem.query64[rows], problem.query_sq64[rows], problem.distance)
+            query, low = rounded.rows, (rounded.error, rounded.rounded_norm)
+        else:
+            query = problem.stage_query(rows)
+        key_fn = None if self.low is None else low_precision.BFloat16Keys(query, self.gallery, self.bias, self.alpha)
         mask = functools.partial(problem.exclusions.take(rows).fill_excluded_, value=float("inf"))
         found = stream_topk(
             query,
@@ -180,5 +218,6 @@ class TorchStage:
             # the whole search decides, not this group of its queries (a last, smaller group included)
             compiled=plan.use_compiled(rows.device, problem.query.shape[0], self.gallery.shape[0]),
             ceiling=self._ceiling(rows, symmetric=False),
+            key_fn=key_fn,
         )
-        return self._candidates(found)
+        return self._candidates(found, low)
