@@ -314,7 +314,11 @@ def reproduce() -> list[str]:
         'with `DIR` on `PYTHONPATH`; without it the OML rows read "not installed". The scripts also run on their own',
         "(`--help`). Two development scripts feed no figure here: `bench_knn.py` (the kNN backends against faiss",
         "and a plain matmul + topk, behind the `auto` backend's choice) and `bench_shard_work.py` (the searches",
-        "each rank of a sharded `compute()` runs, one after the other in one process).",
+        "each rank of a sharded `compute()` runs, one after the other in one process). Four more print their",
+        "figures without a page section yet: `bench_trials.py` (given scores against a numpy sort, and a trial list's",
+        "working memory), `bench_qrels.py` (qrels against the MTEB/BEIR pipeline, and peak memory),",
+        "`bench_audit.py` (the audit's cost against the exact search, and an approximate evaluation against the",
+        "exact one) and `bench_precision.py` (bfloat16 against float32 products and search, half-precision storage).",
     ]
 
 
