@@ -40,8 +40,9 @@ __all__ = ["LOCAL", "BlockedCorpus", "Collectives", "ranked_chunks"]
 #: Largest (rows, L) neighbour table (and the per-slot float64 temporaries of the values) per query chunk.
 TABLE_BYTES = 64 * 2**20
 _SLOT_BYTES = 8 * 12  # distances, indices, grades, and about nine float64 temporaries per slot
-#: Float32 bytes of one corpus block: the engine's stage-1 copy of a cosine gallery is one block's.
-CORPUS_BLOCK_BYTES = 128 * 2**20
+#: Float32 bytes of one corpus block: the engine's stage-1 copy of a cosine gallery is one block's (a 1M x 384
+#: corpus takes 4 blocks, well inside the 1 GiB over the embeddings; a 200k x 384 one is a single block).
+CORPUS_BLOCK_BYTES = 384 * 2**20
 
 
 class Collectives(NamedTuple):
@@ -117,9 +118,15 @@ class BlockedCorpus:
         """The exact top ``width`` of the queries ``rows`` over the whole corpus (every block of every process)."""
         n, device = rows.numel(), rows.device
         best: tuple[Tensor, Tensor, Tensor] | None = None
+        # exact distances when lists of different blocks (or processes) are compared by them; one list alone keeps
+        # the engine's cheaper ones (only near ties recomputed: the same order, and equal exactly when the exact
+        # ones are, ``certify.rank``), which are all its values read
+        exact = len(self.blocks) > 1 or self.collectives is not LOCAL
         for block in self.blocks if n else ():
-            # exact distances: lists of different blocks (and processes) are compared by them
-            search = Search.prepare(self.problem(rows, block), width, backend=self.backend, chunk_size=self.chunk_size)
+            problem = self.problem(rows, block)
+            search = Search.prepare(
+                problem, width, backend=self.backend, chunk_size=self.chunk_size, exact_distances=exact
+            )
             found = search(torch.arange(n, device=device))
             listed = (found.distances, self.gallery[block][found.indices], found.valid)
             best = listed if best is None else _merge([best, listed], width)
