@@ -100,16 +100,18 @@ def qrels_per_query(
         self_index = torch.tensor([at.get(q, -1) for q in qids], dtype=torch.long, device=device)
         self_index = self_index if bool((self_index >= 0).any()) else None
     n_corpus = corpus.shape[0]
-    check_rows(query, corpus, distance)
     positions = torch.arange(n_corpus, device=device)
     blocked = BlockedCorpus(query, corpus, positions, self_index, n_corpus, distance, knn_backend, chunk_size)
+    if len(blocked.blocks) > 1:  # one block's problem is the whole one, and checks the rows itself
+        check_rows(query, corpus, distance)
     parts = qrels_values(blocked, table, cutoffs, relevance_level, ties == "expected")
     return qrels_result(parts, cutoffs, table, query.shape[0], device)
 
 
 def check_rows(query: Tensor, corpus: Tensor, distance: str) -> None:
     """The engine's checks of the rows (e.g. no zero row for cosine), on the whole inputs before any block is
-    searched: its errors then name the rows as the user gave them. No copy (float64 rows are read lazily)."""
+    searched: its errors then name the rows as the user gave them, not as rows of a block. No copy (float64 rows
+    are read lazily)."""
     make_problem(query, corpus, distance, Exclusions(None, None, None), False, ("query", "corpus"), lazy64=True)
 
 
