@@ -31,6 +31,7 @@ def test_blocks_equal_one_block(ties: str, identical: bool, monkeypatch: pytest.
 
     monkeypatch.setattr(_qrels_search.BlockedCorpus, "__init__", recording)
     monkeypatch.setattr(_qrels_search, "CORPUS_BLOCK_BYTES", 7 * 4 * 3)  # blocks of 7 of the 40 rows
+    monkeypatch.setattr(_qrels_search, "SINGLE_BLOCK_BYTES", 0)
     blocked = qrels_metrics(*args, **options)
     assert seen == [6]
     assert list(blocked) == list(whole)

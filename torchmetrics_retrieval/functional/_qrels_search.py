@@ -40,9 +40,13 @@ __all__ = ["LOCAL", "BlockedCorpus", "Collectives", "ranked_chunks"]
 #: Largest (rows, L) neighbour table (and the per-slot float64 temporaries of the values) per query chunk.
 TABLE_BYTES = 64 * 2**20
 _SLOT_BYTES = 8 * 12  # distances, indices, grades, and about nine float64 temporaries per slot
-#: Float32 bytes of one corpus block: the engine's stage-1 copy of a cosine gallery is one block's (a 1M x 384
-#: corpus takes 4 blocks, well inside the 1 GiB over the embeddings; a 200k x 384 one is a single block).
-CORPUS_BLOCK_BYTES = 384 * 2**20
+#: Float32 bytes of one corpus block. The search of a block holds about twice its float32 rows (the engine's stage
+#: copy of a cosine gallery and its buffers) over a fixed ~350 MiB (measured at 1M x 384 with 128 and 384 MiB
+#: blocks: 602 and 990 MiB peaks), so 128 MiB blocks keep a 1M x 384 corpus within 1 GiB over the embeddings.
+CORPUS_BLOCK_BYTES = 128 * 2**20
+#: A corpus of at most this many float32 bytes is searched as one block (within the same budget): a single list
+#: needs no exact distances and no merge, the fast path of a corpus of a few hundred thousand rows.
+SINGLE_BLOCK_BYTES = 320 * 2**20
 
 
 class Collectives(NamedTuple):
@@ -93,7 +97,9 @@ class BlockedCorpus:
     ) -> None:
         self.query, self.corpus, self.gallery, self.n_corpus = query, corpus, gallery, n_corpus
         self.distance, self.backend, self.chunk_size, self.collectives = distance, backend, chunk_size, collectives
-        step = max(1, CORPUS_BLOCK_BYTES // (4 * max(1, corpus.shape[1])))
+        row_bytes = 4 * max(1, corpus.shape[1])
+        one = corpus.shape[0] * row_bytes <= max(SINGLE_BLOCK_BYTES, CORPUS_BLOCK_BYTES)
+        step = max(1, corpus.shape[0] if one else CORPUS_BLOCK_BYTES // row_bytes)
         self.blocks = [slice(start, min(start + step, corpus.shape[0])) for start in range(0, corpus.shape[0], step)]
         self.self_local = None  # the query's own document as a local row of this process (-1: held elsewhere)
         if self_global is not None and gallery.numel():
