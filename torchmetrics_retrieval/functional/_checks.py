@@ -124,10 +124,25 @@ def check_embeddings(name: str, value: Any, *, allow_empty: bool = False) -> Ten
         raise ValueError(f"`{name}` must have at least one column, got {describe(value)}.")
     if value.shape[0] == 0 and not allow_empty:
         raise ValueError(f"`{name}` must have at least one row, got {describe(value)}.")
-    if not bool(torch.isfinite(value).all()):
-        n_bad = int((~torch.isfinite(value)).any(dim=1).sum())
+    if not _all_finite(value):
+        n_bad = sum(int((~torch.isfinite(block)).any(dim=1).sum()) for block in value.split(_check_rows(value)))
         raise ValueError(f"`{name}` must be finite, got NaN or inf in {n_bad} row(s) of {describe(value)}.")
     return value
+
+
+def _check_rows(value: Tensor) -> int:
+    """Rows per block of the finiteness check: about 16 MiB of the tensor (``torch.isfinite`` makes an ``abs``
+    copy and boolean masks as large as its input: a 1M x 384 corpus would take 2.5 GiB at once)."""
+    return max(1, (16 * 2**20) // max(1, value.shape[1] * value.element_size()))
+
+
+def _all_finite(value: Tensor) -> bool:
+    """Whether every entry is finite, without a copy of ``value``: a NaN or an infinity makes the sum NaN or
+    infinite, so a finite sum proves every entry finite; an infinite sum (an overflow, or a bad entry) is settled
+    block by block."""
+    if value.numel() == 0 or bool(torch.isfinite(value.sum())):
+        return True
+    return all(bool(torch.isfinite(block).all()) for block in value.split(_check_rows(value)))
 
 
 def check_labels(name: str, value: Any, n_rows: int | None, rows_name: str = "") -> Tensor:

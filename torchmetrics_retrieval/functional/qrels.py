@@ -20,10 +20,19 @@ from torch import Tensor
 from torchmetrics_retrieval.functional._checks import check_choice, check_embeddings, check_top_k, describe
 from torchmetrics_retrieval.functional._options import RetrievalOptions, check_option
 from torchmetrics_retrieval.functional._per_query import RetrievalResult
-from torchmetrics_retrieval.functional._qrels_inputs import Ids, Qrels, check_id_list, make_table, parse_qrels
-from torchmetrics_retrieval.functional._qrels_search import first_relevant_rr, qrels_problem, ranked_chunks
+from torchmetrics_retrieval.functional._qrels_inputs import (
+    Ids,
+    Qrels,
+    QrelsTable,
+    check_id_list,
+    make_table,
+    parse_qrels,
+)
+from torchmetrics_retrieval.functional._qrels_search import BlockedCorpus, ranked_chunks
 from torchmetrics_retrieval.functional._qrels_values import Cutoffs, list_values
 from torchmetrics_retrieval.functional._reduce import _intervals
+from torchmetrics_retrieval.functional._search.problem import make_problem
+from torchmetrics_retrieval.functional._search.types import Exclusions
 from torchmetrics_retrieval.functional.reduction import _masked_mean_compute
 
 __all__ = ["QRELS_DISTANCES", "TIES", "QrelsDistance", "Ties", "qrels_metrics"]
@@ -90,25 +99,50 @@ def qrels_per_query(
         at = {c: j for j, c in enumerate(cids)}
         self_index = torch.tensor([at.get(q, -1) for q in qids], dtype=torch.long, device=device)
         self_index = self_index if bool((self_index >= 0).any()) else None
-    problem = qrels_problem(query, corpus, distance, self_index)
-    n_rel_max = int(table.n_relevant.max()) if cutoffs.r_precision and qids else 0
+    n_corpus = corpus.shape[0]
+    positions = torch.arange(n_corpus, device=device)
+    blocked = BlockedCorpus(query, corpus, positions, self_index, n_corpus, distance, knn_backend, chunk_size)
+    if len(blocked.blocks) > 1:  # one block's problem is the whole one, and checks the rows itself
+        check_rows(query, corpus, distance)
+    parts = qrels_values(blocked, table, cutoffs, relevance_level, ties == "expected")
+    return qrels_result(parts, cutoffs, table, query.shape[0], device)
+
+
+def check_rows(query: Tensor, corpus: Tensor, distance: str) -> None:
+    """The engine's checks of the rows (e.g. no zero row for cosine), on the whole inputs before any block is
+    searched: its errors then name the rows as the user gave them, not as rows of a block. No copy (float64 rows
+    are read lazily)."""
+    make_problem(query, corpus, distance, Exclusions(None, None, None), False, ("query", "corpus"), lazy64=True)
+
+
+def qrels_values(
+    corpus: BlockedCorpus, table: QrelsTable, cutoffs: Cutoffs, relevance_level: int, expected: bool
+) -> list[dict[str, Tensor]]:
+    """The per-query values, chunk of queries by chunk (every process of a sharded corpus walks the same chunks)."""
+    n_rel_max = int(table.n_relevant.max()) if cutoffs.r_precision and corpus.query.shape[0] else 0
     depth = max((*cutoffs.every, n_rel_max, 1))
     parts: list[dict[str, Tensor]] = []
-    expected = ties == "expected"
-    for rows, found, complete in ranked_chunks(problem, depth, expected, knn_backend, chunk_size):
+    for rows, found, complete in ranked_chunks(corpus, depth, expected):
         grades = table.grades_at(rows, found.indices)
         values, beyond = list_values(
             cutoffs, found.distances, found.valid, grades, complete, table.n_relevant[rows],
             table.ideal[rows], relevance_level, expected,
         )  # fmt: skip
-        if bool(beyond.any()):
+        if bool(beyond.any()):  # the same rows on every process: each enters the counts
             far = torch.nonzero(beyond).flatten()
-            values["mrr"][far] = first_relevant_rr(problem, rows[far], table, relevance_level, expected, chunk_size)
+            values["mrr"][far] = corpus.first_relevant_rr(rows[far], table, relevance_level, expected)
         parts.append(values)
-    keys = cutoffs.keys()
-    n_query = query.shape[0]
+    return parts
+
+
+def qrels_result(
+    parts: list[dict[str, Tensor]], cutoffs: Cutoffs, table: QrelsTable, n_query: int, device: torch.device
+) -> RetrievalResult:
+    """The :class:`RetrievalResult` of the chunks' values; no neighbour table is kept."""
     empty = torch.zeros(n_query, 0, device=device)
-    per_key = {key: torch.cat([part[key] for part in parts]) if parts else empty[:, 0].double() for key in keys}
+    per_key = {
+        key: torch.cat([part[key] for part in parts]) if parts else empty[:, 0].double() for key in cutoffs.keys()
+    }
     positions = torch.arange(n_query, device=device)
     return RetrievalResult(
         values=per_key,

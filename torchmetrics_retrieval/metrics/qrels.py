@@ -10,9 +10,10 @@ from typing import Any, Literal, cast
 from torch import Tensor
 from torchmetrics import Metric
 
-from torchmetrics_retrieval.functional._checks import check_top_k, describe
+from torchmetrics_retrieval.functional._checks import check_choice, check_embeddings, check_top_k, describe
 from torchmetrics_retrieval.functional._options import RetrievalOptions, check_option
-from torchmetrics_retrieval.functional._qrels_inputs import Qrels, parse_qrels
+from torchmetrics_retrieval.functional._per_query import RetrievalResult
+from torchmetrics_retrieval.functional._qrels_inputs import Qrels, check_id_list, parse_qrels
 from torchmetrics_retrieval.functional._qrels_values import Cutoffs
 from torchmetrics_retrieval.functional.qrels import (
     QRELS_DISTANCES,
@@ -55,8 +56,10 @@ class QrelsMetrics(Metric):
     (DistributedSampler's padding) counts once. ``compute`` returns the keys of :func:`qrels_metrics`
     (definitions: docs/definitions.md, "Graded relevance with qrels").
 
-    Under DDP both sides are gathered to every process (``dist_reduce_fx="cat"``), then ordered by id, so every world
-    size gives the same values.
+    Under DDP (``distributed="shard"``, the default) each process keeps its own corpus rows: only the corpus ids and
+    the queries are gathered, every process searches its shard and the exact global top k is merged
+    (``metrics/_sharded/qrels.py``). ``distributed="gather"`` gathers both sides to every process. Both order the
+    rows by id, so every world size gives the values of one process, bit for bit.
 
     Args:
         qrels: ``{query id: {document id: grade}}`` or ``(query ids, document ids, grades)``.
@@ -76,6 +79,7 @@ class QrelsMetrics(Metric):
         knn_backend: kNN backend.
         chunk_size: rows per distance block.
         prefix: string put before every key.
+        distributed: under DDP, ``"shard"`` (the corpus stays on its process) or ``"gather"``.
         kwargs: torchmetrics' options (``process_group``, ``dist_sync_fn``, ...).
 
     Example:
@@ -114,6 +118,7 @@ class QrelsMetrics(Metric):
         knn_backend: Literal["auto", "torch", "faiss"] = "auto",
         chunk_size: int | None = None,
         prefix: str = "",
+        distributed: Literal["shard", "gather"] = "shard",
         **kwargs: Unpack[MetricKwargs],
     ) -> None:
         self._triples = parse_qrels(qrels)  # checked now, not at the first compute
@@ -136,6 +141,8 @@ class QrelsMetrics(Metric):
             raise ValueError(f"`ties` must be one of {TIES!r}, got {ties!r}.")
         if not isinstance(prefix, str):
             raise TypeError(f"`prefix` must be a str, got {describe(prefix)}.")
+        check_choice("distributed", distributed, ("shard", "gather"))
+        self.distributed = distributed
         self._search = {
             "distance": distance,
             "relevance_level": _check_level(relevance_level),
@@ -173,13 +180,41 @@ class QrelsMetrics(Metric):
 
     def compute(self) -> dict[str, Tensor]:
         """The measures over every accumulated (and gathered) query and document."""
-        query, query_ids = self._side(self.queries, "query")
-        corpus, corpus_ids = self._side(self.corpus, "corpus")
-        result = qrels_per_query(
-            query, query_ids, corpus.to(query.dtype), corpus_ids, self._triples_as_qrels(), self._cutoffs,
-            **self._search,
-        )  # fmt: skip
+        from torchmetrics_retrieval.metrics._state import runs_sharded
+
+        try:
+            if runs_sharded(self, self.distributed, True):
+                result = self._sharded()
+            else:
+                query, query_ids = self._side(self.queries, "query")
+                corpus, corpus_ids = self._side(self.corpus, "corpus")
+                result = qrels_per_query(
+                    query, query_ids, corpus.to(query.dtype), corpus_ids, self._triples_as_qrels(), self._cutoffs,
+                    **self._search,
+                )  # fmt: skip
+        except Exception:
+            if self._is_synced and self._cache is not None:  # as CrossModalRetrieval: undo the outer sync
+                self.unsync()
+            raise
         return {f"{self.prefix}{key}": value for key, value in reduce_qrels(result, self._options).items()}
+
+    def _sharded(self) -> RetrievalResult:
+        """The per-query result with the corpus left on its process (``metrics/_sharded/qrels.py``)."""
+        from torchmetrics_retrieval.metrics._sharded.faults import agreed
+        from torchmetrics_retrieval.metrics._sharded.qrels import sharded_qrels
+
+        with agreed(self.process_group, f"{type(self).__name__}.compute()"):  # raised on every rank
+            query, query_ids = self._side(self.queries, "query")  # the queries are few: gathered
+            query = check_embeddings("query", query)
+            qids = check_id_list("query_ids", query_ids, query.shape[0], "query")
+            try:
+                return sharded_qrels(self, query, qids, self._triples, self._cutoffs, self.process_group)
+            except ValueError as error:
+                if "needs at least one sample" in str(error):
+                    raise ValueError(
+                        "QrelsMetrics.compute() needs `corpus` rows, got none: call update(corpus=..., corpus_ids=...)."
+                    ) from None
+                raise
 
     def _triples_as_qrels(self) -> tuple[list[str], list[str], list[int]]:
         qids, dids, grades = zip(*self._triples, strict=True) if self._triples else ((), (), ())
