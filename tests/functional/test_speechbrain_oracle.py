@@ -20,6 +20,7 @@ import importlib
 import importlib.util
 import sys
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -30,17 +31,20 @@ from torchmetrics_retrieval.functional import score_metrics
 
 
 @pytest.fixture(scope="module")
-def speechbrain() -> Any:
+def speechbrain() -> Iterator[Any]:
+    before = set(sys.modules)
     stand_in = importlib.util.find_spec("torchaudio") is None and "torchaudio" not in sys.modules
     if stand_in:
         module = types.ModuleType("torchaudio")
         module.__version__ = "0.0"  # type: ignore[attr-defined]  (speechbrain parses it)
         sys.modules["torchaudio"] = module
     try:
-        return importlib.import_module("speechbrain.utils.metric_stats")
+        yield importlib.import_module("speechbrain.utils.metric_stats")
     finally:
-        if stand_in:
-            del sys.modules["torchaudio"]
+        # speechbrain registers lazy modules that raise ImportError when a later test's tooling (hypothesis) looks
+        # at every loaded module: forget everything its import loaded once this file is done
+        for name in set(sys.modules) - before:
+            del sys.modules[name]
 
 
 def far_frr(scores: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
