@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import math
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -23,10 +23,8 @@ from torch import Tensor
 from torchmetrics_retrieval.functional._pairs.quantiles import Curve, Statistics, _lerp, _quantile_ranks
 from torchmetrics_retrieval.functional._pairs.rates import _weights
 from torchmetrics_retrieval.functional._search.compiled.buffer import kernel_threads
+from torchmetrics_retrieval.functional._trial_request import TrialRequest
 from torchmetrics_retrieval.functional.verification import statistics_keys
-
-if TYPE_CHECKING:  # (``_trials`` imports this module)
-    from torchmetrics_retrieval.functional._trials import TrialRequest
 
 __all__ = ["score_values"]
 

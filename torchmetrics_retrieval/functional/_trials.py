@@ -4,70 +4,25 @@ the values of given scores (:func:`score_values`, in ``_score_values``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._checks import (
-    check_bool,
-    check_choice,
-    check_costs,
-    check_fractions,
-    check_open_fractions,
     describe,
 )
-from torchmetrics_retrieval.functional._pairs.rates import RateRequest
 from torchmetrics_retrieval.functional._score_values import score_values
 from torchmetrics_retrieval.functional._search.certify import canonical_distances
 from torchmetrics_retrieval.functional._search.problem import make_problem
 from torchmetrics_retrieval.functional._search.types import Exclusions
+from torchmetrics_retrieval.functional._trial_request import FAR_RULES, TrialRequest
 
 __all__ = ["FAR_RULES", "TRIAL_BLOCK", "TrialRequest", "check_scores", "check_trials", "score_values", "trial_scores"]
 
-#: The rules of reading TAR at a FAR (``far_rule``).
-FAR_RULES = ("exact", "nearest_roc_point")
 #: Trials whose scores are computed at once when no ``chunk_size`` is given: a few MiB of indices and rows.
 TRIAL_BLOCK = 2**16
-
-
-class TrialRequest(NamedTuple):
-    """The checked options of :func:`score_values`."""
-
-    fmr_vals: tuple[float, ...]
-    rates: RateRequest
-    roc_auc: bool
-    cllr: bool
-    act_dcf_p_target: tuple[float, ...]
-    far_rule: str
-
-    @classmethod
-    def checked(
-        cls,
-        fmr_vals: float | Iterable[float],
-        eer: Any,
-        min_dcf_p_target: float | Iterable[float],
-        dcf_costs: Any,
-        roc_auc: Any,
-        cllr: Any,
-        act_dcf_p_target: float | Iterable[float],
-        far_rule: Any,
-    ) -> TrialRequest:
-        rates = RateRequest(
-            check_bool("eer", eer),
-            check_open_fractions("min_dcf_p_target", min_dcf_p_target),
-            check_costs("dcf_costs", dcf_costs),
-        )
-        return cls(
-            check_fractions("fmr_vals", fmr_vals),
-            rates,
-            check_bool("roc_auc", roc_auc),
-            check_bool("cllr", cllr),
-            check_open_fractions("act_dcf_p_target", act_dcf_p_target),
-            check_choice("far_rule", far_rule, FAR_RULES),
-        )
 
 
 # ----------------------------------------------------------------------------------------------------------------------
