@@ -129,3 +129,45 @@ def test_cllr_of_well_separated_scores_keeps_its_small_terms() -> None:
     out = score_metrics(scores, target, cllr=True)
     assert float(out["cllr"]) == pytest.approx(math.log1p(math.exp(-30)) / math.log(2), rel=1e-6)
     assert float(out["min_cllr"]) == 0.0
+
+
+@pytest.mark.parametrize("runs", [[5], [0, 7], [3, 0, 9], [4, 4, 4, 4, 1], [1] * 9, [50, 2, 0, 31, 17, 8]])
+@pytest.mark.parametrize("parts", [1, 2, 5])
+def test_merge_rounds_sort_the_runs(runs: list[int], parts: int) -> None:
+    # rounds of merge_pairs as _sorted_kinds runs them, on sorted runs with many ties, against numpy's sort
+    kernels = importlib.import_module("torchmetrics_retrieval.functional._score_kernels")
+    rng = np.random.default_rng(sum(runs) + parts)
+    pieces = [np.sort(rng.integers(-4, 4, size).astype(np.float32) / 2) for size in runs]
+    src, dst = np.concatenate(pieces), np.empty(sum(runs), dtype=np.float32)
+    bounds = np.cumsum([0, *runs])
+    while bounds.size > 2:
+        kernels.merge_pairs(src, dst, bounds, parts)
+        src, dst = dst, src
+        bounds = bounds[::2] if bounds.size % 2 else np.append(bounds[::2], bounds[-1])
+    assert np.array_equal(src, np.sort(np.concatenate(pieces)))
+
+
+@pytest.mark.parametrize("n_threads", [3, 5, 8])
+@pytest.mark.parametrize("kind", ["continuous", "ties"])
+def test_more_pieces_than_threads_merge_to_the_same_values(
+    kind: str, n_threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the pieces, merge rounds and value ranges of several threads (the kernels' prange runs them on the threads
+    # there are): every value equal to one thread's
+    values = importlib.import_module("torchmetrics_retrieval.functional._score_values")
+    rng = np.random.default_rng(24)
+    target = rng.random(9_000) < 0.2
+    if kind == "ties":
+        scores = rng.integers(-6, 6, target.size).astype(np.float64) / 4 + target
+    else:
+        scores = rng.normal(size=target.size) + target
+    args = (torch.tensor(scores), torch.tensor(target))
+    monkeypatch.setattr(values, "kernel_threads", lambda: 1)
+    one = score_metrics(*args, **OPTIONS)
+    monkeypatch.setattr(values, "kernel_threads", lambda: n_threads)
+    assert score_metrics(*args, **OPTIONS) == one
+    nearest = {"fmr_vals": (1e-3, 0.05), "far_rule": "nearest_roc_point"}
+    monkeypatch.setattr(values, "kernel_threads", lambda: 1)
+    expected = score_metrics(*args, **nearest)
+    monkeypatch.setattr(values, "kernel_threads", lambda: n_threads)
+    assert score_metrics(*args, **nearest) == expected

@@ -41,60 +41,64 @@ _LN2_LO = 1.90821492927058770002e-10
 POWERS = 2.0 ** -np.arange(1024, dtype=np.float64)
 
 
-@njit
-def _bucket(v, splitters):
-    """The value range of ``v``: the number of ``splitters`` (ascending) at or below it."""
-    b = 0
-    while b < splitters.size and splitters[b] <= v:
-        b += 1
-    return b
-
-
 @pjit
-def chunk_counts(scores, flags, chunk, splitters, counts):
-    """``counts[c, k B + b]``: the scores of chunk ``c`` of kind ``k`` (0 target, 1 non-target) in value range
-    ``b`` (``B = splitters.size + 1``)."""
-    n, n_ranges = scores.size, splitters.size + 1
+def chunk_counts(flags, chunk, counts):
+    """``counts[c]``: the (target, non-target) scores of chunk ``c``."""
+    n = flags.size
     for c in prange(counts.shape[0]):
         start, stop = c * chunk, min(n, (c + 1) * chunk)
-        if n_ranges == 1:  # one range (one thread): a sum of the flags, which vectorises
-            n_t = 0
-            for i in range(start, stop):
-                n_t += flags[i]
-            counts[c, 0], counts[c, 1] = n_t, stop - start - n_t
-            continue
+        n_t = 0
         for i in range(start, stop):
-            counts[c, (1 - flags[i]) * n_ranges + _bucket(scores[i], splitters)] += 1
+            n_t += flags[i]
+        counts[c, 0], counts[c, 1] = n_t, stop - start - n_t
 
 
 @pjit
-def split(scores, flags, chunk, splitters, at, tar, non):
-    """Copy the target scores into ``tar`` and the others into ``non``, each grouped by value range: the scores of
-    chunk ``c``, kind ``k`` and range ``b`` from ``at[c, k B + b]`` on (see :func:`chunk_counts`)."""
-    n, n_ranges = scores.size, splitters.size + 1
+def split(scores, flags, chunk, at, out):
+    """Copy the scores of chunk ``c`` into ``out``: its targets from ``at[c, 0]`` on, its non-targets from
+    ``at[c, 1]`` on (see :func:`chunk_counts`), without a branch on the flag."""
+    n = scores.size
     for c in prange(at.shape[0]):
-        start, stop = c * chunk, min(n, (c + 1) * chunk)
-        if n_ranges == 1:  # one range: the two write positions stay in registers
-            i_t, i_n = at[c, 0], at[c, 1]
-            for i in range(start, stop):
-                v = scores[i]
-                if flags[i]:
-                    tar[i_t] = v
-                    i_t += 1
-                else:
-                    non[i_n] = v
-                    i_n += 1
-            continue
-        where = at[c].copy()
-        for i in range(start, stop):
-            v = scores[i]
-            k = 1 - flags[i]
-            slot = k * n_ranges + _bucket(v, splitters)
-            if k == 0:
-                tar[where[slot]] = v
-            else:
-                non[where[slot]] = v
-            where[slot] += 1
+        i_t, i_n = at[c, 0], at[c, 1]
+        for i in range(c * chunk, min(n, (c + 1) * chunk)):
+            is_target = flags[i]
+            out[i_t if is_target else i_n] = scores[i]
+            i_t += is_target
+            i_n += 1 - is_target
+
+
+@njit
+def _merge_path(a, b, k):
+    """How many of the first ``k`` items of the merge of the sorted ``a`` and ``b`` come from ``a`` (``a`` first
+    on a tie)."""
+    low, high = max(0, k - b.size), min(k, a.size)
+    while low < high:
+        mid = (low + high) // 2
+        if a[mid] <= b[k - 1 - mid]:
+            low = mid + 1
+        else:
+            high = mid
+    return low
+
+
+@pjit
+def merge_pairs(src, dst, bounds, parts):
+    """One round of pairwise merges: the sorted runs ``src[bounds[r]:bounds[r + 1]]`` merged two by two (runs 0 and
+    1, 2 and 3, ...) into ``dst`` at the same places, a last odd run copied. Each merge is cut into ``parts`` equal
+    pieces of its output, found by binary search along the merge path, so the threads share every merge."""
+    n_runs = bounds.size - 1
+    for task in prange(((n_runs + 1) // 2) * parts):
+        pair, part = task // parts, task % parts
+        lo, mid, hi = bounds[2 * pair], bounds[min(2 * pair + 1, n_runs)], bounds[min(2 * pair + 2, n_runs)]
+        a, b = src[lo:mid], src[mid:hi]
+        first, last = (hi - lo) * part // parts, (hi - lo) * (part + 1) // parts
+        i = _merge_path(a, b, first)
+        j = first - i
+        for o in range(lo + first, lo + last):
+            take_a = j >= b.size or (i < a.size and a[i] <= b[j])
+            dst[o] = a[i] if take_a else b[j]
+            i += take_a
+            j += 1 - take_a
 
 
 @fjit

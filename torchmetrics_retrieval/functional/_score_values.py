@@ -12,9 +12,10 @@ values.
 from __future__ import annotations
 
 import importlib
+import itertools
 import math
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -86,26 +87,54 @@ def _working_scores(scores: Tensor) -> np.ndarray:
     return scores.detach().to(device="cpu", dtype=dtype).contiguous().numpy()
 
 
-def _splitters(values: np.ndarray, threads: int) -> np.ndarray:
-    """``threads - 1`` scores cutting ``values`` into ranges of about equal size (from a sample), one per thread: each
-    range is sorted on its own, and the ranges one after the other are the sorted scores. (Only the balance of the
-    threads depends on them, not a value.)"""
+def _sorted_kinds(values: np.ndarray, flags: np.ndarray, threads: int, kernels: Any) -> tuple[np.ndarray, int]:
+    """The target scores, sorted, then the non-target scores, sorted, in one array, and the number of targets.
+
+    The scores are split by kind (one parallel pass), each kind is cut into pieces of at most ``n / threads``
+    scores, the pieces are sorted ``threads`` at a time (numpy's SIMD sort releases the GIL), and the sorted pieces
+    of a kind are merged pairwise, each merge shared out over the threads. Pieces and merges move values only, so
+    the result does not depend on the threads (but for the order of -0.0 and +0.0, which compare equal)."""
+    n_chunks = max(1, -(-values.size // kernels.CHUNK))
+    counts = np.empty((n_chunks, 2), dtype=np.int64)
+    kernels.chunk_counts(flags, kernels.CHUNK, counts)
+    n_pos = int(counts[:, 0].sum())
+    at = np.cumsum(counts, axis=0) - counts  # each chunk's first position in its kind, chunks in order
+    at[:, 1] += n_pos
+    out = np.empty_like(values)
+    kernels.split(values, flags, kernels.CHUNK, at, out)
+    piece = max(1, -(-values.size // threads))
+    bounds = np.unique(
+        np.concatenate([np.arange(0, n_pos, piece), np.arange(n_pos, values.size, piece), [n_pos, values.size]])
+    )
+    pieces = [out[a:b] for a, b in itertools.pairwise(bounds)]
     if threads == 1:
-        return values[:0]
-    sample = np.sort(values[:: max(1, values.size // (1024 * threads))])
-    return sample[sample.size * np.arange(1, threads) // threads]
+        for p in pieces:
+            p.sort()
+    else:
+        with ThreadPoolExecutor(threads) as pool:  # the largest first, for balance
+            list(pool.map(np.ndarray.sort, sorted(pieces, key=len, reverse=True)))
+    spare = np.empty_like(values) if bounds.size > 3 else values[:0]
+    for kind in (bounds[bounds <= n_pos], bounds[bounds >= n_pos]):
+        src, dst = out, spare
+        while kind.size > 2:  # more than one sorted run of this kind
+            kernels.merge_pairs(src, dst, kind, threads)
+            src, dst, kind = dst, src, kind[::2] if kind.size % 2 else np.append(kind[::2], kind[-1])
+        if src is not out:
+            out[kind[0] : kind[-1]] = src[kind[0] : kind[-1]]
+    return out, n_pos
 
 
-def _sort_ranges(arrays: tuple[np.ndarray, ...], starts: np.ndarray, threads: int) -> None:
-    """Sort each value range ``starts[k, b]:starts[k, b + 1]`` of ``arrays[k]`` in place, ``threads`` at a time
-    (numpy's SIMD sort releases the GIL)."""
-    pieces = [a[s[b] : s[b + 1]] for a, s in zip(arrays, starts, strict=True) for b in range(s.size - 1)]
-    if threads == 1:
-        for piece in pieces:
-            piece.sort()
-        return
-    with ThreadPoolExecutor(threads) as pool:  # the largest first, for balance
-        list(pool.map(np.ndarray.sort, sorted(pieces, key=len, reverse=True)))
+def _value_ranges(tar: np.ndarray, non: np.ndarray, threads: int) -> np.ndarray:
+    """``starts[k, r]``: where value range ``r`` starts in the sorted scores of kind ``k`` (0 targets, 1
+    non-targets): ``threads`` ranges of about equal size, cut at scores taken from both kinds, so that equal scores
+    fall in one range. (Only the balance of the threads depends on them, not a value.)"""
+    starts = np.zeros((2, threads + 1), dtype=np.int64)
+    starts[0, -1], starts[1, -1] = tar.size, non.size
+    if threads > 1:
+        sample = np.sort(np.concatenate([tar[:: max(1, tar.size // 1024)], non[:: max(1, non.size // 1024)]]))
+        cuts = sample[sample.size * np.arange(1, threads) // threads]
+        starts[0, 1:-1], starts[1, 1:-1] = np.searchsorted(tar, cuts), np.searchsorted(non, cuts)
+    return starts
 
 
 def _sweep(
@@ -115,22 +144,14 @@ def _sweep(
     kernels = importlib.import_module("torchmetrics_retrieval.functional._score_kernels")
     threads = kernel_threads()
     values, flags = _working_scores(scores), is_target.detach().cpu().contiguous().numpy()
-    splitters = _splitters(values, threads)
     n_chunks = max(1, -(-values.size // kernels.CHUNK))
-    counts = np.zeros((n_chunks, 2 * threads), dtype=np.int64)
-    kernels.chunk_counts(values, flags, kernels.CHUNK, splitters, counts)
-    # where each (chunk, kind, range) starts writing: kinds apart, ranges in order, chunks in order within a range
-    per_range = counts.sum(axis=0).reshape(2, threads)
-    starts = np.zeros((2, threads + 1), dtype=np.int64)
-    np.cumsum(per_range, axis=1, out=starts[:, 1:])
-    at = np.cumsum(counts, axis=0) - counts + starts[:, :-1].reshape(1, -1)
-    n_pos, n_neg = int(starts[0, -1]), int(starts[1, -1])
-    tar, non = np.empty(n_pos, dtype=values.dtype), np.empty(n_neg, dtype=values.dtype)
-    kernels.split(values, flags, kernels.CHUNK, splitters, at, tar, non)
     sums = np.zeros((n_chunks if request.cllr else 0, 2))
     if request.cllr:
         kernels.cllr_sums(values, flags, kernels.CHUNK, kernels.POWERS, sums)
-    _sort_ranges((tar, non), starts, threads)
+    both, n_pos = _sorted_kinds(values, flags, threads, kernels)
+    tar, non = both[:n_pos], both[n_pos:]
+    n_neg = non.size
+    starts = _value_ranges(tar, non, threads)
     # the non-target order statistics of numpy's linear quantile of the distances -score (ranks ascending distance)
     f = torch.tensor(fmr_vals, dtype=torch.float64)
     low_rank, high_rank, gamma = _quantile_ranks(n_neg, f)
