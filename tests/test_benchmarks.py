@@ -143,6 +143,11 @@ def test_audit_benchmark_prints_the_audit_cost_and_both_evaluations(capsys: pyte
     assert out.count("audit_neighbours") == n_threads, out
     assert out.count("approximate + audit") == 3 * n_threads, out  # two sizes, and the extrapolation
     assert out.count("extrapolated to N = 8,000 from N = 2,000 and 4,000") == n_threads, out
+    # the exact evaluation timed on a sample of queries, extrapolated in the number of queries
+    audit.main(["--no-audit-cost", "--sizes", "3000", "--target", "3000", "--exact-queries", "200"])
+    out = capsys.readouterr().out
+    assert "audit_neighbours" not in out and "extrapolated to N" not in out, out
+    assert out.count("exact (extrapolated from 200 and 400 queries)") == n_threads, out
 
 
 def test_precision_benchmark_prints_every_precision_faiss_and_memory(capsys: pytest.CaptureFixture[str]) -> None:
