@@ -31,8 +31,8 @@ from torch import Tensor
 from torchmetrics_retrieval.cli.inputs import Inputs, UsageError, check_rows, encode, load_array, load_labels, read_side
 from torchmetrics_retrieval.cli.qrels import add_qrels_flags
 from torchmetrics_retrieval.cli.trials import add_trial_flags, check_trial_flags
+from torchmetrics_retrieval.functional._evaluate import evaluate
 from torchmetrics_retrieval.functional._options import RetrievalOptions, option_fields
-from torchmetrics_retrieval.functional.retrieval import evaluate
 
 __all__ = ["main"]
 
