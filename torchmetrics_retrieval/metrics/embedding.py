@@ -16,6 +16,7 @@ from torchmetrics_retrieval.functional.ranking import PrecisionMode
 from torchmetrics_retrieval.functional.reduction import EmptyTargetAction
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
 from torchmetrics_retrieval.functional.search import Distance, KNNBackend, SearchPrecision
+from torchmetrics_retrieval.metrics._batch import SET_FIELDS
 from torchmetrics_retrieval.metrics._kwargs import MetricKwargs, Unpack
 from torchmetrics_retrieval.metrics._per_query import PerQueryResults
 from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator, upcast_half
@@ -125,12 +126,7 @@ class EmbeddingMetrics(SampleAccumulator, PerQueryResults):
     plot_upper_bound = 1.0
 
     _fields = (
-        FieldSpec("embeddings", "embeddings"),
-        FieldSpec("labels", "labels"),
-        FieldSpec("is_query", "mask", optional=True),
-        FieldSpec("is_gallery", "mask", optional=True),
-        FieldSpec("sequence_ids", "ids", optional=True),
-        FieldSpec("search_groups", "ids", optional=True),
+        *SET_FIELDS,
         FieldSpec("categories", "ids", optional=True),
         FieldSpec("camera_ids", "ids", optional=True),
         FieldSpec("indexes", "indexes", optional=True),
