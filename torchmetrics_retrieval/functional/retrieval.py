@@ -236,6 +236,7 @@ def retrieval_metrics(
         ``{key: 0-dim tensor}`` with the keys listed in the module docstring.
 
     Example:
+        >>> import torch
         >>> x = torch.tensor([[0.0], [0.3], [5.0], [5.1], [0.2]])
         >>> labels = torch.tensor([0, 0, 1, 1, 1])
         >>> metrics = retrieval_metrics(x, labels, cmc_top_k=(1,), precision_top_k=(2,), map_top_k=(), mrr=True)
