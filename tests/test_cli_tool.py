@@ -318,9 +318,9 @@ def test_the_installed_command_exits_2_without_a_traceback(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("keys", [("cmc/1",), ("cmc/1", "precision/10", "map_at_r")])
 def test_table_columns_line_up_with_short_and_long_keys(keys: tuple[str, ...], capsys: Any) -> None:
-    from torchmetrics_retrieval.cli import _print_table
+    from torchmetrics_retrieval.cli.output import print_table
 
-    _print_table("title", {key: torch.tensor(0.5) for key in keys}, 1.0)
+    print_table("title", {key: torch.tensor(0.5) for key in keys}, 1.0)
     header, rule, *rows = capsys.readouterr().out.splitlines()[1:-1]
     value_column = header.index("value")
     assert rule.rindex("------") == value_column and rule.index(" ") >= len("metric")

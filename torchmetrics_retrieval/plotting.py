@@ -18,8 +18,8 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional import ranking
 from torchmetrics_retrieval.functional._checks import check_choice, check_positive_int
+from torchmetrics_retrieval.functional._per_query import RetrievalResult
 from torchmetrics_retrieval.functional.reduction import EmptyTargetAction, apply_empty_target_action, masked_mean
-from torchmetrics_retrieval.functional.retrieval import RetrievalResult
 
 __all__ = [
     "cmc_curve",

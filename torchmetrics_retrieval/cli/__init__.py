@@ -29,10 +29,11 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.cli.inputs import Inputs, UsageError, check_rows, encode, load_array, load_labels, read_side
+from torchmetrics_retrieval.cli.output import print_table
 from torchmetrics_retrieval.cli.qrels import add_qrels_flags
 from torchmetrics_retrieval.cli.trials import add_trial_flags, check_trial_flags
+from torchmetrics_retrieval.functional._evaluate import evaluate
 from torchmetrics_retrieval.functional._options import RetrievalOptions, option_fields
-from torchmetrics_retrieval.functional.retrieval import evaluate
 
 __all__ = ["main"]
 
@@ -229,16 +230,6 @@ def _read_inputs(args: argparse.Namespace) -> Inputs:
     return Inputs(embeddings, query_labels, gallery, gallery_labels_t, given)
 
 
-def _print_table(title: str, metrics: dict[str, Tensor], seconds: float) -> None:
-    width = max(len("metric"), *(len(key) for key in metrics))
-    print(title)
-    print(f"{'metric'.ljust(width)}  value")
-    print(f"{'-' * width}  ------")
-    for key, value in metrics.items():
-        print(f"{key.ljust(width)}  {float(value):.4f}")
-    print(f"({len(metrics)} metrics in {seconds:.2f} s)")
-
-
 def _run(title: str, inputs: Inputs, args: argparse.Namespace, images: Tensor | None, other: Inputs | None) -> int:
     from torchmetrics_retrieval.cli.compare import compare, print_comparison
     from torchmetrics_retrieval.cli.report import write_report
@@ -260,7 +251,7 @@ def _run(title: str, inputs: Inputs, args: argparse.Namespace, images: Tensor | 
         document: dict[str, Any] = {key: float(value) for key, value in metrics.items()}
         print(json.dumps(document if comparison is None else {**document, "comparison": comparison}, indent=2))
     else:
-        _print_table(title, metrics, seconds)
+        print_table(title, metrics, seconds)
         if comparison is not None:
             print()
             print_comparison(comparison, ("first", "other"), args.test, args.level)

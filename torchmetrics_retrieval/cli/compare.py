@@ -13,11 +13,11 @@ from torch import Tensor
 
 from torchmetrics_retrieval.cli.inputs import Inputs
 from torchmetrics_retrieval.cli.report import counted_values
+from torchmetrics_retrieval.functional._evaluate import _normalized
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._per_query import RetrievalResult, per_query
 from torchmetrics_retrieval.functional._sets import split_query_gallery
 from torchmetrics_retrieval.functional.comparison import ComparisonTest, compare_models
-from torchmetrics_retrieval.functional.retrieval import _normalized
 
 __all__ = ["compare", "print_comparison"]
 

@@ -11,7 +11,6 @@ order (default: the row numbers 0 to N - 1). The values are those of
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 from torch import Tensor
 
 from torchmetrics_retrieval.cli.inputs import UsageError
+from torchmetrics_retrieval.cli.output import print_metrics
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional.qrels import TIES, qrels_metrics
 
@@ -103,16 +103,11 @@ def evaluate_qrels(args: argparse.Namespace, query: Tensor, corpus: Tensor | Non
         chunk_size=options.chunk_size,
     )  # fmt: skip
     seconds = time.perf_counter() - start
-    if args.json:
-        print(json.dumps({key: float(value) for key, value in metrics.items()}, indent=2))
-    else:
-        from torchmetrics_retrieval.cli import _print_table
-
-        title = (
-            f"Retrieval with qrels {args.qrels}: {query.shape[0]} queries against {corpus.shape[0]} documents "
-            f"({options.distance}, ties by {args.ties})"
-        )
-        _print_table(title, metrics, seconds)
+    title = (
+        f"Retrieval with qrels {args.qrels}: {query.shape[0]} queries against {corpus.shape[0]} documents "
+        f"({options.distance}, ties by {args.ties})"
+    )
+    print_metrics(args.json, title, metrics, seconds)
     if args.report is not None:
         print("--report is not written for --qrels (printed values only)", file=sys.stderr)
     return 0

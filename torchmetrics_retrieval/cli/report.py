@@ -93,9 +93,9 @@ def _save(fig: Any, path: Path) -> str:
 
 def _det_plot(folder: Path, inputs: Inputs, options: RetrievalOptions) -> str:
     """The DET curve over every pair (the same pairs and rules as the metrics) with the EER / minDCF points."""
+    from torchmetrics_retrieval.functional._evaluate import _normalized
     from torchmetrics_retrieval.functional._pairs.rates import RateRequest
     from torchmetrics_retrieval.functional._sets import split_query_gallery
-    from torchmetrics_retrieval.functional.retrieval import _normalized
     from torchmetrics_retrieval.functional.verification import DEFAULT_FMR_GRID, _pair_statistics, pair_curve
     from torchmetrics_retrieval.plotting import plot_curve
 

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.cli.inputs import TABLE_SUFFIXES, UsageError, check_rows, load_table
+from torchmetrics_retrieval.cli.output import print_metrics
 from torchmetrics_retrieval.functional._options import RetrievalOptions, option_fields
 from torchmetrics_retrieval.functional.trials import trial_metrics
 
@@ -196,16 +197,11 @@ def evaluate_trials(args: argparse.Namespace, embeddings: Tensor) -> int:
     )  # fmt: skip
     seconds = time.perf_counter() - start
     n_target = int(trials[2].sum())
-    if args.json:
-        print(json.dumps({key: float(value) for key, value in metrics.items()}, indent=2))
-    else:
-        from torchmetrics_retrieval.cli import _print_table
-
-        title = (
-            f"Verification on {args.trials}: {len(trials[2])} trials ({n_target} target) over {args.embeddings} "
-            f"({options.distance} distance)"
-        )
-        _print_table(title, metrics, seconds)
+    title = (
+        f"Verification on {args.trials}: {len(trials[2])} trials ({n_target} target) over {args.embeddings} "
+        f"({options.distance} distance)"
+    )
+    print_metrics(args.json, title, metrics, seconds)
     if args.report is not None:
         folder = Path(args.report)
         folder.mkdir(parents=True, exist_ok=True)

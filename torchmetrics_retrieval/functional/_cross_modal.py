@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from torchmetrics_retrieval.functional._evaluate import evaluate, ranking_metrics
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._per_query import count_relevant, search_depth
 from torchmetrics_retrieval.functional._progress import section, shown
@@ -27,7 +28,6 @@ from torchmetrics_retrieval.functional._search.rounds import Search
 from torchmetrics_retrieval.functional._search.types import Exclusions, KNNResult
 from torchmetrics_retrieval.functional._sets import QueryGallery, split_query_gallery
 from torchmetrics_retrieval.functional.relevance import _relevance_matrix_compute
-from torchmetrics_retrieval.functional.retrieval import evaluate, ranking_metrics
 
 __all__ = ["cross_modal_metrics", "stacked_cross_modal_metrics"]
 

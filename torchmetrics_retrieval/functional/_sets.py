@@ -14,7 +14,7 @@ Per-sample ``sequence_ids``, ``search_groups`` and ``categories`` follow the sam
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, TypedDict
 
 import torch
 from torch import Tensor
@@ -29,9 +29,20 @@ from torchmetrics_retrieval.functional._checks import (
 )
 from torchmetrics_retrieval.functional._search.types import Exclusions
 
-__all__ = ["PairedIds", "QueryGallery", "split_query_gallery"]
+__all__ = ["PairedIds", "QueryGallery", "SampleFields", "split_query_gallery"]
 
 PairedIds = Tensor | tuple[Tensor, Tensor]
+
+
+class SampleFields(TypedDict, total=False):
+    """The optional per-sample fields of :func:`split_query_gallery`, for the internal callers that pass them on."""
+
+    is_query: Tensor | None
+    is_gallery: Tensor | None
+    sequence_ids: PairedIds | None
+    search_groups: PairedIds | None
+    categories: Tensor | None
+    camera_ids: PairedIds | None
 
 
 class QueryGallery(NamedTuple):

@@ -27,13 +27,14 @@ the returned items that are not among the exact top k (no loop over queries, no 
 
 from __future__ import annotations
 
-from typing import Literal, overload
+from typing import Literal, TypedDict, overload
 
 import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._checks import check_positive_int, describe
 from torchmetrics_retrieval.functional._given import check_table
+from torchmetrics_retrieval.functional._options import Unpack
 from torchmetrics_retrieval.functional._search.certify import canonical_distances
 from torchmetrics_retrieval.functional._search.rounds import Search
 from torchmetrics_retrieval.functional._search.types import KNNResult
@@ -103,20 +104,27 @@ def audit_values(search: Search, exact: KNNResult, neighbours: Tensor, k: int) -
     }
 
 
+class AuditArguments(TypedDict, total=False):
+    """The options of :func:`audit_neighbours` as keyword arguments: the type of ``**options`` in its overloads, so
+    that mypy refuses a misspelt option there too."""
+
+    k: int | None
+    distance: Distance
+    exclude_self: bool | Tensor | None
+    sequence_ids: Tensor | tuple[Tensor, Tensor] | None
+    search_groups: Tensor | tuple[Tensor, Tensor] | None
+    backend: KNNBackend
+    chunk_size: int | None
+
+
 @overload
 def audit_neighbours(
     query: Tensor,
     gallery: Tensor | None = ...,
     *,
     neighbours: Tensor,
-    k: int | None = ...,
-    distance: Distance = ...,
-    exclude_self: bool | Tensor | None = ...,
-    sequence_ids: Tensor | tuple[Tensor, Tensor] | None = ...,
-    search_groups: Tensor | tuple[Tensor, Tensor] | None = ...,
-    backend: KNNBackend = ...,
-    chunk_size: int | None = ...,
     return_per_query: Literal[False] = ...,
+    **options: Unpack[AuditArguments],
 ) -> dict[str, Tensor]: ...
 
 
@@ -126,14 +134,8 @@ def audit_neighbours(
     gallery: Tensor | None = ...,
     *,
     neighbours: Tensor,
-    k: int | None = ...,
-    distance: Distance = ...,
-    exclude_self: bool | Tensor | None = ...,
-    sequence_ids: Tensor | tuple[Tensor, Tensor] | None = ...,
-    search_groups: Tensor | tuple[Tensor, Tensor] | None = ...,
-    backend: KNNBackend = ...,
-    chunk_size: int | None = ...,
     return_per_query: Literal[True],
+    **options: Unpack[AuditArguments],
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]: ...
 
 

@@ -12,13 +12,13 @@ Definitions (and how they meet trec_eval's): docs/definitions.md, "Graded releva
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypedDict, overload
 
 import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._checks import check_choice, check_embeddings, check_top_k, describe
-from torchmetrics_retrieval.functional._options import RetrievalOptions, check_option
+from torchmetrics_retrieval.functional._options import RetrievalOptions, Unpack, check_option
 from torchmetrics_retrieval.functional._per_query import RetrievalResult
 from torchmetrics_retrieval.functional._qrels_inputs import (
     Ids,
@@ -166,6 +166,27 @@ def _check_level(value: Any) -> int:
     return value
 
 
+class QrelsArguments(TypedDict, total=False):
+    """The options of :func:`qrels_metrics` as keyword arguments: the type of ``**options`` in its overloads, so that
+    mypy refuses a misspelt option there too."""
+
+    ndcg_top_k: int | Iterable[int]
+    map_top_k: int | Iterable[int]
+    recall_top_k: int | Iterable[int]
+    precision_top_k: int | Iterable[int]
+    mrr: bool
+    r_precision: bool
+    distance: QrelsDistance
+    relevance_level: int
+    ignore_identical_ids: bool
+    ties: Ties
+    confidence_level: float | None
+    n_bootstrap: int
+    seed: int
+    knn_backend: Literal["auto", "torch", "faiss"]
+    chunk_size: int | None
+
+
 @overload
 def qrels_metrics(
     query: Tensor,
@@ -175,21 +196,7 @@ def qrels_metrics(
     qrels: Qrels,
     *,
     return_per_query: Literal[False] = ...,
-    ndcg_top_k: int | Iterable[int] = ...,
-    map_top_k: int | Iterable[int] = ...,
-    recall_top_k: int | Iterable[int] = ...,
-    precision_top_k: int | Iterable[int] = ...,
-    mrr: bool = ...,
-    r_precision: bool = ...,
-    distance: QrelsDistance = ...,
-    relevance_level: int = ...,
-    ignore_identical_ids: bool = ...,
-    ties: Ties = ...,
-    confidence_level: float | None = ...,
-    n_bootstrap: int = ...,
-    seed: int = ...,
-    knn_backend: Literal["auto", "torch", "faiss"] = ...,
-    chunk_size: int | None = ...,
+    **options: Unpack[QrelsArguments],
 ) -> dict[str, Tensor]: ...
 
 
@@ -202,21 +209,7 @@ def qrels_metrics(
     qrels: Qrels,
     *,
     return_per_query: Literal[True],
-    ndcg_top_k: int | Iterable[int] = ...,
-    map_top_k: int | Iterable[int] = ...,
-    recall_top_k: int | Iterable[int] = ...,
-    precision_top_k: int | Iterable[int] = ...,
-    mrr: bool = ...,
-    r_precision: bool = ...,
-    distance: QrelsDistance = ...,
-    relevance_level: int = ...,
-    ignore_identical_ids: bool = ...,
-    ties: Ties = ...,
-    confidence_level: float | None = ...,
-    n_bootstrap: int = ...,
-    seed: int = ...,
-    knn_backend: Literal["auto", "torch", "faiss"] = ...,
-    chunk_size: int | None = ...,
+    **options: Unpack[QrelsArguments],
 ) -> tuple[dict[str, Tensor], RetrievalResult]: ...
 
 

@@ -17,7 +17,13 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional._checks import check_embeddings, check_labels, check_mask, describe
 
-__all__ = ["DTYPES", "FieldKind", "FieldSpec", "validate_batch"]
+__all__ = [
+    "DTYPES",
+    "SET_FIELDS",
+    "FieldKind",
+    "FieldSpec",
+    "validate_batch",
+]
 
 FieldKind = Literal["embeddings", "labels", "mask", "ids", "indexes"]
 
@@ -53,6 +59,18 @@ class FieldSpec:
     name: str
     kind: FieldKind
     optional: bool = False
+
+
+#: The fields of a labelled set split into queries and gallery (``split_query_gallery``'s), in ``update``'s order:
+#: the metrics that evaluate such a set store these first.
+SET_FIELDS = (
+    FieldSpec("embeddings", "embeddings"),
+    FieldSpec("labels", "labels"),
+    FieldSpec("is_query", "mask", optional=True),
+    FieldSpec("is_gallery", "mask", optional=True),
+    FieldSpec("sequence_ids", "ids", optional=True),
+    FieldSpec("search_groups", "ids", optional=True),
+)
 
 
 def _check_1d(name: str, value: Any, n_rows: int, rows_name: str, *, allow_bool: bool) -> Tensor:

@@ -12,10 +12,10 @@ from torchmetrics import Metric
 
 from torchmetrics_retrieval.functional._checks import check_choice, describe
 from torchmetrics_retrieval.functional._cross_modal import stacked_cross_modal_metrics
+from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional.ranking import PrecisionMode
 from torchmetrics_retrieval.functional.reduction import EmptyTargetAction
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
-from torchmetrics_retrieval.functional.retrieval import RetrievalOptions
 from torchmetrics_retrieval.functional.search import Distance, KNNBackend, SearchPrecision
 from torchmetrics_retrieval.metrics._kwargs import MetricKwargs, Unpack
 from torchmetrics_retrieval.metrics._sharded.cross_modal import check_same_dimension, missing_side

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._checks import check_choice, check_positive_int, describe
+from torchmetrics_retrieval.functional._checks import check_choice, describe
+from torchmetrics_retrieval.functional._evaluate import evaluate
+from torchmetrics_retrieval.functional._options import RetrievalOptions
+from torchmetrics_retrieval.functional._per_query import RetrievalResult
 from torchmetrics_retrieval.functional.ranking import PrecisionMode
-from torchmetrics_retrieval.functional.reduction import EmptyTargetAction, _apply_empty_target_action_compute
+from torchmetrics_retrieval.functional.reduction import EmptyTargetAction
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
-from torchmetrics_retrieval.functional.retrieval import RetrievalOptions, RetrievalResult, evaluate
 from torchmetrics_retrieval.functional.search import Distance, KNNBackend, SearchPrecision
+from torchmetrics_retrieval.metrics._batch import SET_FIELDS
 from torchmetrics_retrieval.metrics._kwargs import MetricKwargs, Unpack
+from torchmetrics_retrieval.metrics._per_query import PerQueryResults
 from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator, upcast_half
 
 __all__ = ["EmbeddingMetrics"]
@@ -26,7 +30,7 @@ def _check_storage_dtype(value: Any) -> torch.dtype | None:
     return value
 
 
-class EmbeddingMetrics(SampleAccumulator):
+class EmbeddingMetrics(SampleAccumulator, PerQueryResults):
     r"""Retrieval metrics of embeddings (CMC, precision, recall, mAP, NDCG, MAP@R, MRR, FNMR@FMR, PCF, NMI/AMI).
 
     ``update`` stores the embeddings, labels and optional per-sample fields of a batch; ``compute``
@@ -122,12 +126,7 @@ class EmbeddingMetrics(SampleAccumulator):
     plot_upper_bound = 1.0
 
     _fields = (
-        FieldSpec("embeddings", "embeddings"),
-        FieldSpec("labels", "labels"),
-        FieldSpec("is_query", "mask", optional=True),
-        FieldSpec("is_gallery", "mask", optional=True),
-        FieldSpec("sequence_ids", "ids", optional=True),
-        FieldSpec("search_groups", "ids", optional=True),
+        *SET_FIELDS,
         FieldSpec("categories", "ids", optional=True),
         FieldSpec("camera_ids", "ids", optional=True),
         FieldSpec("indexes", "indexes", optional=True),
@@ -278,75 +277,6 @@ class EmbeddingMetrics(SampleAccumulator):
         self._per_query = None
         self._sample_indexes = None
 
-    @property
-    def per_query(self) -> RetrievalResult | None:
-        """Per-query values, retrieved positions and distances of the last ``compute()``.
-
-        Positions (``indices``, ``query_positions``) refer to the accumulated set after the gather and the
-        de-duplication; :attr:`sample_indexes` maps them to dataset indexes. None before ``compute()``
-        (and after ``update``/``reset``) or when no ranking metric was requested.
-        """
-        return self._per_query
-
-    @property
-    def sample_indexes(self) -> Tensor | None:
-        """``(N,)`` dataset index of every position of the accumulated set (None when ``indexes`` were not given)."""
-        return self._sample_indexes
-
-    def worst_queries(self, metric: str, n: int = 10) -> Tensor:
-        """Positions (in the accumulated set) of the ``n`` counted queries with the lowest ``metric``, ties by position.
-
-        Args:
-            metric: a per-query key such as ``"cmc/1"`` or ``"map/5"``, with or without ``prefix``.
-            n: number of queries (fewer if fewer queries count).
-
-        Raises:
-            RuntimeError: before ``compute()`` or when no ranking metric was requested.
-            ValueError: for an unknown key or ``n < 1``.
-        """
-        result = self._require_per_query()
-        check_positive_int("n", n)
-        if metric not in result.values and self.prefix and metric.startswith(self.prefix):
-            metric = metric[len(self.prefix) :]
-        return result.worst_queries(metric, n)
-
-    def per_query_values(self, metric: str) -> tuple[Tensor, Tensor]:
-        """``(ids, values)`` of the counted queries for ``metric``, to compare two models query by query.
-
-        ``ids`` are the queries' dataset indexes when ``indexes`` were given, else their positions in the
-        accumulated set; ``values`` are after ``empty_target_action``. Give two models' pairs to
-        :func:`~torchmetrics_retrieval.functional.compare_models`, which aligns them by ``ids``.
-
-        Example:
-            >>> metric = EmbeddingMetrics(cmc_top_k=(1,), precision_top_k=(), map_top_k=())
-            >>> metric.update(torch.tensor([[0.0], [0.1], [5.0], [9.0]]), torch.tensor([0, 0, 1, 0]),
-            ...               indexes=torch.tensor([7, 3, 5, 1]))
-            >>> ids, values = metric.per_query_values("cmc/1")  # index 5 is alone with its label: not counted
-            >>> ids.tolist(), values.tolist()
-            ([1, 3, 7], [0.0, 1.0, 1.0])
-        """
-        if self._per_query is None:
-            self.compute()
-        result = self._require_per_query()
-        if metric not in result.values and self.prefix and metric.startswith(self.prefix):
-            metric = metric[len(self.prefix) :]
-        if metric not in result.values:
-            raise ValueError(f"`metric` must be one of the per-query keys {sorted(result.values)}, got {metric!r}.")
-        values, counted = _apply_empty_target_action_compute(
-            result.values[metric][:, None], result.n_relevant, self.options.empty_target_action
-        )
-        positions = result.query_positions[counted]
-        ids = positions if self._sample_indexes is None else self._sample_indexes[positions]
-        return ids, values[counted, 0]
-
-    def _require_per_query(self) -> RetrievalResult:
-        if self._per_query is None:
-            raise RuntimeError(
-                "No per-query results: call compute() first (after the last update), with at least one ranking "
-                "metric requested."
-            )
-        return self._per_query
-
     def plot(self, val: dict[str, Tensor] | list[dict[str, Tensor]] | None = None, ax: Any = None) -> Any:
         """Plot the metric values (torchmetrics' convention): one point per key, or one line per key over steps;
         a result with confidence intervals (``confidence_level``) as a forest plot (:func:`plotting.plot_forest`).
@@ -370,33 +300,3 @@ class EmbeddingMetrics(SampleAccumulator):
         if isinstance(val, dict) and any(key.endswith("/ci_low") for key in val):  # values with intervals
             return plot_forest({"": val}, ax=ax)
         return self._plot(val, ax)
-
-    def plot_curve(self, curve: Literal["cmc", "precision"] = "cmc", ax: Any = None) -> Any:
-        """Plot the CMC curve (``curve="cmc"``) or the precision@k curve (``"precision"``) of the last compute.
-
-        The curve runs over k = 1 .. K, K the largest cutoff retrieved (see :func:`plotting.plot_cmc_curve`).
-        """
-        from torchmetrics_retrieval.plotting import plot_cmc_curve
-
-        if self._per_query is None:
-            self.compute()
-        return plot_cmc_curve(self._require_per_query(), curve=curve, precision_mode=self.options.precision_mode, ax=ax)
-
-    def plot_worst_queries(
-        self, metric: str, n: int = 5, *, n_neighbours: int = 5, draw_item: Callable[[Any, int], None] | None = None
-    ) -> Any:
-        """A grid of the ``n`` worst queries for ``metric`` and their nearest retrieved items.
-
-        ``draw_item(ax, item)`` draws one item, where ``item`` is its dataset index when ``indexes`` were
-        given, else its position in the accumulated set. See :func:`plotting.plot_worst_queries`.
-        """
-        from torchmetrics_retrieval.plotting import plot_worst_queries
-
-        if self._per_query is None:
-            self.compute()
-        result = self._require_per_query()
-        if metric not in result.values and self.prefix and metric.startswith(self.prefix):
-            metric = metric[len(self.prefix) :]
-        return plot_worst_queries(
-            result, metric, n, n_neighbours=n_neighbours, draw_item=draw_item, item_ids=self._sample_indexes
-        )

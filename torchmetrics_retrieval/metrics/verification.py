@@ -19,6 +19,7 @@ from torchmetrics_retrieval.functional.verification import (
     det_curve,
     fnmr_at_fmr,
 )
+from torchmetrics_retrieval.metrics._batch import SET_FIELDS
 from torchmetrics_retrieval.metrics._kwargs import MetricKwargs, Unpack
 from torchmetrics_retrieval.metrics._state import (
     FieldSpec,
@@ -94,12 +95,7 @@ class FNMRAtFMR(SampleAccumulator):
     plot_upper_bound = 1.0
 
     _fields = (
-        FieldSpec("embeddings", "embeddings"),
-        FieldSpec("labels", "labels"),
-        FieldSpec("is_query", "mask", optional=True),
-        FieldSpec("is_gallery", "mask", optional=True),
-        FieldSpec("sequence_ids", "ids", optional=True),
-        FieldSpec("search_groups", "ids", optional=True),
+        *SET_FIELDS,
         FieldSpec("indexes", "indexes", optional=True),
     )
 

@@ -101,10 +101,9 @@ MAX_SQUARED_NORM = 1e36
 
 # ---- the bfloat16 candidate pass (``low_precision``) ----------------------------------------------------------------
 #: ``search_precision="auto"`` takes bfloat16 where a probe measures its products at least this many times faster
-#: than float32. The wider bound costs candidates: at K = 19, 35 per query instead of 21 (1.7x stage 2's canonical
-#: distances), and more queries searched again (measured, D = 128, 20 per class, leave-one-out: 1.0% at N = 10k and
-#: 4.6% at N = 30k, against 0.01% for float32 at 10k). 1.8 is a judgement from those counts: no machine with
-#: bfloat16 units was at hand to time it.
+#: than float32. The faster products must pay for what the wider bound costs: more candidates per query (more
+#: canonical distances in stage 2) and more queries searched again, the more of them the larger the set. The value
+#: is a judgement from counts of those candidates and queries: no machine with bfloat16 units was at hand to time it.
 BF16_MIN_SPEEDUP = 1.8
 #: Stage-1 candidates per query of a bfloat16 pass: ``K + max(BF16_MIN_MARGIN, K // BF16_MARGIN_DIVISOR)``. The
 #: bound is about ``2**16`` times wider than float32's, so a thin margin would leave most queries undecided.
@@ -120,7 +119,7 @@ BF16_ROUND_BYTES = 8 * 2**20
 #: numba is a dependency, but every path works without it (torch passes); it is imported on first use only.
 HAS_NUMBA = importlib.util.find_spec("numba") is not None
 #: Smallest search (query x gallery pairs) that takes the compiled kernels: below it, loading them (numba's
-#: import and its on-disk cache, or about 10 s to compile them once per machine) costs more than they save.
+#: import and its on-disk cache, or compiling them on a machine's first use) costs more than they save.
 MIN_PAIRS = 2**26
 
 _forced: bool | None = None

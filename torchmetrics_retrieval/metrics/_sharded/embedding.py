@@ -32,10 +32,10 @@ from torchmetrics_retrieval.functional._per_query import (
     count_relevant,
     search_depth,
 )
+from torchmetrics_retrieval.functional._reduce import reduce_per_query
 from torchmetrics_retrieval.functional.identification import _dir_at_fpir_compute
 from torchmetrics_retrieval.functional.reduction import _apply_empty_target_action_compute
 from torchmetrics_retrieval.functional.relevance import _relevance_matrix_compute
-from torchmetrics_retrieval.functional.retrieval import reduce_per_query
 from torchmetrics_retrieval.functional.verification import PairRequest
 from torchmetrics_retrieval.metrics._sharded.gather import gather_rows
 from torchmetrics_retrieval.metrics._sharded.global_set import ShardedSet, global_problem

@@ -121,7 +121,7 @@ def scan_block(block, a0, a1, b0, b1, row0, item0, col0, keys, items, fill, tau,
     #
     # The one body of ``scan_rows``, ``scan_fused`` and ``scan_spill``: its ``is None`` tests are on arguments,
     # which numba prunes when it compiles, so each of them gets a kernel with only its own code. (The appends are
-    # written out: a shared helper made the scans up to twice as slow, an inlined one still 10-40%.)
+    # written out: a shared helper, even an inlined one, made the scans markedly slower.)
     width, n_cols = keys.shape[1], b1 - b0
     words = passing.view(np.uint64)
     for a in range(a0, a1):
