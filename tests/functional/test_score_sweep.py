@@ -5,6 +5,7 @@ scikit-learn and ``math.fsum``."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from tests.functional.test_trials import (
     ref_min_cllr,
     ref_min_dcf,
     ref_nearest_tar,
+    ref_rates,
 )
 from torchmetrics_retrieval.functional import score_metrics
 
@@ -39,8 +41,9 @@ OPTIONS = {
 def references(scores: np.ndarray, target: np.ndarray) -> dict[str, float]:
     expected = {f"fnmr@fmr/{f}": ref_fnmr(scores, target, f) for f in OPTIONS["fmr_vals"]}
     expected |= {f"tar@far/{f}": 1 - expected[f"fnmr@fmr/{f}"] for f in OPTIONS["fmr_vals"]}
-    expected["eer"] = ref_eer(scores, target)
-    expected |= {f"min_dcf/{p}": ref_min_dcf(scores, target, p) for p in OPTIONS["min_dcf_p_target"]}
+    rates = ref_rates(scores, target)  # one threshold at a time: computed once for the EER and both minDCFs
+    expected["eer"] = ref_eer(scores, target, rates=rates)
+    expected |= {f"min_dcf/{p}": ref_min_dcf(scores, target, p, rates=rates) for p in OPTIONS["min_dcf_p_target"]}
     expected["roc_auc"] = roc_auc_score(target, scores)
     expected |= {f"act_dcf/{p}": ref_act_dcf(scores, target, p) for p in OPTIONS["act_dcf_p_target"]}
     expected["cllr"] = ref_cllr(scores, target)
@@ -83,9 +86,10 @@ def test_minus_zero_and_plus_zero_are_one_score() -> None:
     assert float(one["roc_auc"]) == 0.5 and float(one["eer"]) == 0.5
 
 
-@pytest.mark.parametrize("n_threads", [1, 2])
-@pytest.mark.parametrize("kind", ["continuous", "ties"])
-def test_value_ranges_give_the_references_and_one_another(kind: str, n_threads: int, threads: None) -> None:
+@functools.cache
+def value_ranges_case(kind: str) -> tuple[np.ndarray, np.ndarray, dict[str, float], float]:
+    """The trials of ``kind`` with their references (the brute-force ones take seconds on 70 000 distinct scores:
+    computed once for both thread counts)."""
     # enough trials for several chunks of the kernels, and value ranges cut between threads
     rng = np.random.default_rng(22)
     n = 70_000
@@ -94,14 +98,22 @@ def test_value_ranges_give_the_references_and_one_another(kind: str, n_threads: 
         scores = rng.integers(-20, 20, n).astype(np.float64) / 4 + target
     else:
         scores = rng.normal(size=n) + 2.0 * target
+    scores.flags.writeable = target.flags.writeable = False  # shared by the tests
+    return scores, target, references(scores, target), ref_nearest_tar(scores, target, 0.05)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("kind", ["continuous", "ties"])
+def test_value_ranges_give_the_references_and_one_another(kind: str, n_threads: int, threads: None) -> None:
+    scores, target, expected, expected_nearest = value_ranges_case(kind)
     torch.set_num_threads(n_threads)
     numba.set_num_threads(min(n_threads, numba.config.NUMBA_NUM_THREADS))
     out = score_metrics(torch.tensor(scores), torch.tensor(target), **OPTIONS)
-    assert {k: float(v) for k, v in out.items()} == pytest.approx(references(scores, target), abs=1e-6)
+    assert {k: float(v) for k, v in out.items()} == pytest.approx(expected, abs=1e-6)
     nearest = score_metrics(
         torch.tensor(scores), torch.tensor(target), fmr_vals=(1e-3, 0.05), far_rule="nearest_roc_point"
     )
-    assert float(nearest["tar@far/0.05"]) == pytest.approx(ref_nearest_tar(scores, target, 0.05), abs=1e-7)
+    assert float(nearest["tar@far/0.05"]) == pytest.approx(expected_nearest, abs=1e-7)
     torch.set_num_threads(1)
     numba.set_num_threads(1)
     assert score_metrics(torch.tensor(scores), torch.tensor(target), **OPTIONS) == out
