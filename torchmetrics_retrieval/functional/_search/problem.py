@@ -42,13 +42,18 @@ class Problem(NamedTuple):
     # its K-th distance among the items a sharded search has already seen (searched with exact distances)
     caps: Tensor | None = None
 
+    @property
+    def compiled(self) -> bool:
+        """Whether the search of the whole problem takes the compiled kernels (``plan.use_compiled``)."""
+        return plan.use_compiled(self.query.device, self.query.shape[0], self.gallery.shape[0])
+
     def stage_query(self, rows: Tensor) -> Tensor:
         """The float32 stage-1 rows of the queries ``rows`` (see :func:`stage_rows`)."""
-        return stage_rows(self.query64[rows], self.query_sq64[rows], self.distance)[0]
+        return stage_rows(self.query64[rows], self.query_sq64[rows], self.distance, self.compiled)[0]
 
     def stage_gallery(self) -> tuple[Tensor, Tensor | None]:
         """The float32 stage-1 gallery rows and squared norms (L2 only)."""
-        return stage_rows(self.gallery64, self.gallery_sq64, self.distance)
+        return stage_rows(self.gallery64, self.gallery_sq64, self.distance, self.compiled)
 
 
 def make_problem(
