@@ -1,6 +1,6 @@
 """The stage rows and canonical norms of the search engine, bit for bit, whichever way they are computed: the compiled
 cosine rows (``compiled.row_kernels``) against torch's float64 formula on adversarial rows, the norms and canonical dot
-products of rows read on demand block by block against the float64 copy."""
+products of rows read on demand block by block against the float64 copy, and a gallery cache shared by problems."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ import torch
 from torchmetrics_retrieval.functional._precision import ieee_sqrt
 from torchmetrics_retrieval.functional._search import keys, plan
 from torchmetrics_retrieval.functional._search.keys import Float64Rows, canonical_dots, self_dots, stage_rows
+from torchmetrics_retrieval.functional._search.problem import GalleryCache, make_problem
+from torchmetrics_retrieval.functional._search.rounds import Search
+from torchmetrics_retrieval.functional._search.types import Exclusions
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
@@ -100,3 +103,38 @@ def test_norms_and_dots_of_lazy_rows_in_blocks(dtype: torch.dtype, monkeypatch: 
         assert torch.equal(canonical_dots(pair_rows, pair_cols, Float64Rows(x), Float64Rows(y)), expected)
         assert torch.equal(canonical_dots(pair_rows, pair_cols, Float64Rows(x), y64), expected)
         assert torch.equal(canonical_dots(pair_cols, pair_rows, y64, Float64Rows(x)), expected)
+
+
+@pytest.mark.parametrize("distance", ["cosine", "euclidean", "dot"])
+@pytest.mark.parametrize("keep_rows", [True, False])
+def test_gallery_cache_serves_every_problem_of_the_gallery(
+    distance: str, keep_rows: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    g = torch.Generator().manual_seed(8)
+    query, gallery = torch.randn(40, 8, generator=g), torch.randn(150, 8, generator=g)
+    gallery[10:20] = gallery[:10]  # exact ties
+    none = Exclusions(None, None, None)
+    cache = GalleryCache(keep_rows)
+    calls: list[int] = []  # the rows of every stage_rows call
+    original = keys.stage_rows
+
+    def counting(x64: keys.Rows64, *args: object) -> object:
+        calls.append(x64.shape[0])
+        return original(x64, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("torchmetrics_retrieval.functional._search.problem.stage_rows", counting)
+    for rows in (torch.arange(40), torch.arange(25, 40), torch.tensor([3, 1, 4])):
+        fresh = make_problem(query[rows], gallery, distance, none, False, lazy64=True)
+        shared = make_problem(query[rows], gallery, distance, none, False, lazy64=True, gallery_cache=cache)
+        assert cache.sq64 is shared.gallery_sq64 and torch.equal(shared.gallery_sq64, fresh.gallery_sq64)
+        for got, want in zip(shared.stage_gallery(), fresh.stage_gallery(), strict=True):
+            assert (got is None and want is None) or torch.equal(got, want)
+        for exact in (True, False):
+            found = Search.prepare(shared, 9, backend="torch", exact_distances=exact)(torch.arange(rows.numel()))
+            expected = Search.prepare(fresh, 9, backend="torch", exact_distances=exact)(torch.arange(rows.numel()))
+            for a, b in zip(found, expected, strict=True):
+                assert torch.equal(a, b), (distance, exact)
+    assert (cache.stage is not None) == keep_rows
+    # per query set, the fresh problem stages its gallery three times (here and for each search), the shared one too
+    # unless the cache keeps the rows: then once in all
+    assert calls.count(gallery.shape[0]) == 3 * 3 + (1 if keep_rows else 3 * 3)
