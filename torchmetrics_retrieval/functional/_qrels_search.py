@@ -31,7 +31,7 @@ from torchmetrics_retrieval.functional._qrels_inputs import QrelsTable
 from torchmetrics_retrieval.functional._qrels_values import expected_reciprocal_rank
 from torchmetrics_retrieval.functional._ranks.count import _count_before, _Thresholds
 from torchmetrics_retrieval.functional._search.certify import canonical_distances, order_by_distance_then_position
-from torchmetrics_retrieval.functional._search.problem import Problem, make_problem
+from torchmetrics_retrieval.functional._search.problem import GalleryCache, Problem, make_problem
 from torchmetrics_retrieval.functional._search.rounds import Search
 from torchmetrics_retrieval.functional._search.types import Exclusions, KNNResult
 
@@ -101,6 +101,9 @@ class BlockedCorpus:
         one = corpus.shape[0] * row_bytes <= max(SINGLE_BLOCK_BYTES, CORPUS_BLOCK_BYTES)
         step = max(1, corpus.shape[0] if one else CORPUS_BLOCK_BYTES // row_bytes)
         self.blocks = [slice(start, min(start + step, corpus.shape[0])) for start in range(0, corpus.shape[0], step)]
+        # each block's norms, computed once for every search and count of it; one block's stage rows too (the
+        # stage copy the budget allows: the whole corpus's when it is one block)
+        self.caches = {block.start: GalleryCache(keep_rows=len(self.blocks) == 1) for block in self.blocks}
         self.self_local = None  # the query's own document as a local row of this process (-1: held elsewhere)
         if self_global is not None and gallery.numel():
             at = torch.searchsorted(gallery, self_global).clamp(max=gallery.numel() - 1)
@@ -118,7 +121,10 @@ class BlockedCorpus:
             own = torch.where(inside, local - block.start, -1) if bool(inside.any()) else None
         exclusions = Exclusions(self_index=own, sequence_ids=None, search_groups=None)
         names = ("query", "corpus")
-        return make_problem(self.query[rows], self.corpus[block], self.distance, exclusions, False, names, lazy64=True)
+        return make_problem(
+            self.query[rows], self.corpus[block], self.distance, exclusions, False, names, lazy64=True,
+            gallery_cache=self.caches[block.start],
+        )  # fmt: skip
 
     def top(self, rows: Tensor, width: int) -> KNNResult:
         """The exact top ``width`` of the queries ``rows`` over the whole corpus (every block of every process)."""

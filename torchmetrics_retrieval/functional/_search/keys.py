@@ -71,7 +71,10 @@ class Float64Rows:
 #: Float64 rows (a tensor, or :class:`Float64Rows` read on demand).
 Rows64 = Tensor | Float64Rows
 #: Pairs whose rows are read at once from :class:`Float64Rows` in :func:`canonical_dots` (a few MiB of rows).
-_LAZY_PAIRS = 2**14
+_LAZY_PAIRS = 2**13
+#: Float64 rows of :func:`self_dots` read at once from :class:`Float64Rows`: a few large blocks (each product is a
+#: parallel region, whose start costs more than a smaller block saves when the cores are shared).
+_SELF_DOTS_BYTES = 48 * 2**20
 
 
 def prepare(x: Tensor, distance: str, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor | None]:
@@ -84,13 +87,20 @@ def prepare(x: Tensor, distance: str, dtype: torch.dtype | None = None) -> tuple
     return x, None
 
 
-def stage_rows(x64: Rows64, sq64: Tensor, distance: str) -> tuple[Tensor, Tensor | None]:
+def stage_rows(x64: Rows64, sq64: Tensor, distance: str, compiled: bool = False) -> tuple[Tensor, Tensor | None]:
     """Float32 rows of a stage-1 search and their squared norms (L2 only), each entry the rounding of its
     float64 value: cosine rows are normalised in float64, the norms are the canonical ones. So every
-    stage input is within one rounding of its exact value, as ``certify.key_tolerance`` assumes."""
+    stage input is within one rounding of its exact value, as ``certify.key_tolerance`` assumes.
+
+    ``compiled`` (CPU): cosine rows by the numba kernel ``compiled.row_kernels.unit_rows``, the same values bit for
+    bit without a float64 temporary of every entry (a search large enough for the compiled kernels decides it).
+    """
     if distance == "cosine":  # in row blocks: a float64 quotient of every row would double the memory
         rows = torch.empty(x64.shape, dtype=torch.float32, device=x64.device)
         norms = ieee_sqrt(sq64)
+        if compiled and x64.device.type == "cpu":
+            _unit_rows(x64, norms, rows)
+            return rows, None
         step = max(1, _STAGE_BLOCK_BYTES // (8 * max(1, x64.shape[1])))
         for start in range(0, x64.shape[0], step):
             block = slice(start, start + step)
@@ -101,6 +111,23 @@ def stage_rows(x64: Rows64, sq64: Tensor, distance: str) -> tuple[Tensor, Tensor
     else:
         rows = x64.to(torch.float32)
     return rows, sq64.to(torch.float32) if distance in ("euclidean", "sqeuclidean") else None
+
+
+def _unit_rows(x64: Rows64, norms: Tensor, out: Tensor) -> None:
+    """``out = float32(x64 / norms[:, None])`` by the compiled kernel: float32 and float64 rows as they are, half
+    rows made float32 (exactly) block by block."""
+    from torchmetrics_retrieval.functional._search.compiled import row_kernels
+    from torchmetrics_retrieval.functional._search.compiled.buffer import kernel_threads
+
+    x = x64.x if isinstance(x64, Float64Rows) else x64
+    n_threads = kernel_threads()
+    if x.dtype in (torch.float32, torch.float64):
+        row_kernels.unit_rows(x.contiguous().numpy(), norms.numpy(), out.numpy(), n_threads)
+        return
+    step = max(1, _STAGE_BLOCK_BYTES // (4 * max(1, x.shape[1])))
+    for start in range(0, x.shape[0], step):
+        block = slice(start, start + step)
+        row_kernels.unit_rows(x[block].to(torch.float32).numpy(), norms[block].numpy(), out[block].numpy(), n_threads)
 
 
 def block_distances(q: Tensor, q_sq: Tensor | None, g: Tensor, g_sq: Tensor | None, distance: str) -> Tensor:
@@ -159,14 +186,38 @@ def canonical_dots(rows: Tensor, cols: Tensor, query64: Rows64, gallery64: Rows6
 
 def _lazy_dots(rows: Tensor, cols: Tensor, query64: Rows64, gallery64: Rows64) -> Tensor:
     """:func:`canonical_dots` of rows read on demand: the pairs in blocks (by row), each block's rows and columns
-    made float64 once (the values do not depend on the rows around them)."""
+    made float64 once (the values do not depend on the rows around them), in buffers kept for the next block."""
     out = torch.empty(rows.numel(), dtype=torch.float64, device=rows.device)
     order = torch.argsort(rows, stable=True)
+    query_rows, gallery_rows = _Gathered(query64, rows.numel()), _Gathered(gallery64, rows.numel())
     for block in order.split(_LAZY_PAIRS):
         used_rows, local_rows = torch.unique(rows[block], return_inverse=True)
         used_cols, local_cols = torch.unique(cols[block], return_inverse=True)
-        out[block] = canonical_dots(local_rows, local_cols, query64[used_rows], gallery64[used_cols])
+        out[block] = canonical_dots(local_rows, local_cols, query_rows(used_rows), gallery_rows(used_cols))
     return out
+
+
+class _Gathered:
+    """Float64 rows of a set gathered block after block into the same buffers: a new float64 block per block of
+    pairs cost more in page faults than the products."""
+
+    def __init__(self, x64: Rows64, n_pairs: int) -> None:
+        self.x64, device, dim = x64, x64.device, x64.shape[1]
+        capacity = min(_LAZY_PAIRS, n_pairs, x64.shape[0])
+        self.rows64 = torch.empty((capacity, dim), dtype=torch.float64, device=device)
+        self.rows = torch.empty((capacity, dim), dtype=x64.x.dtype, device=device) if self.lazy else None
+
+    @property
+    def lazy(self) -> bool:
+        return isinstance(self.x64, Float64Rows)
+
+    def __call__(self, index: Tensor) -> Tensor:
+        """``x64[index]`` (at most the buffers' rows), valid until the next call."""
+        n = index.numel()
+        if isinstance(self.x64, Float64Rows):
+            assert self.rows is not None
+            return self.rows64[:n].copy_(torch.index_select(self.x64.x, 0, index, out=self.rows[:n]))
+        return torch.index_select(self.x64, 0, index, out=self.rows64[:n])
 
 
 def largest_norm(rows: Tensor) -> float:
@@ -176,11 +227,26 @@ def largest_norm(rows: Tensor) -> float:
 
 def self_dots(x64: Rows64) -> Tensor:
     """``<x_i, x_i>`` by the same kernel as :func:`canonical_dots` (so exact duplicates get distance 0)."""
-    if isinstance(x64, Float64Rows):  # block by block: one block of float64 rows at a time
-        blocks = range(0, x64.shape[0], _LAZY_PAIRS)
-        return torch.cat([self_dots(x64[start : start + _LAZY_PAIRS]) for start in blocks])
+    if isinstance(x64, Float64Rows):
+        return _lazy_self_dots(x64)
     idx = torch.arange(x64.shape[0], device=x64.device)
     return canonical_dots(idx, idx, x64, x64)
+
+
+def _lazy_self_dots(x64: Float64Rows) -> Tensor:
+    """:func:`self_dots` of rows read on demand: block by block, each block's float64 rows written into one buffer,
+    mapped once (a new float64 block per block cost more in page faults than the products). A row's value does not
+    depend on the rows computed with it."""
+    n, dim, device = x64.shape[0], x64.shape[1], x64.device
+    step = max(1, _SELF_DOTS_BYTES // (8 * max(1, dim)))
+    out = torch.empty(n, dtype=torch.float64, device=device)
+    buffer = torch.empty((min(step, n), dim), dtype=torch.float64, device=device)
+    idx = torch.arange(buffer.shape[0], device=device)
+    for start in range(0, n, step):
+        block = x64.x[start : start + step]
+        rows, at = buffer[: block.shape[0]].copy_(block), idx[: block.shape[0]]
+        out[start : start + block.shape[0]] = canonical_dots(at, at, rows, rows)
+    return out
 
 
 def distances_from_dots(

@@ -20,7 +20,21 @@ from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional._search.keys import Float64Rows, Rows64, self_dots, stage_rows
 from torchmetrics_retrieval.functional._search.types import Exclusions
 
-__all__ = ["Candidates", "Problem", "make_problem", "rounding_terms"]
+__all__ = ["Candidates", "GalleryCache", "Problem", "make_problem", "rounding_terms"]
+
+
+class GalleryCache:
+    """What problems of the same gallery share (the queries differ): its canonical squared norms and, with
+    ``keep_rows``, its stage-1 rows once a problem has made them (a float32 copy of the gallery, held as long as
+    the cache is).
+
+    A blocked search keeps one per block of its gallery: the norms of every block, the rows when one block holds the
+    whole gallery (the rows of several blocks would be a copy of all of them)."""
+
+    def __init__(self, keep_rows: bool) -> None:
+        self.keep_rows = keep_rows
+        self.sq64: Tensor | None = None
+        self.stage: tuple[Tensor, Tensor | None] | None = None
 
 
 class Problem(NamedTuple):
@@ -41,14 +55,27 @@ class Problem(NamedTuple):
     # (Q,) in ``dtype``: a query wants only the items whose distance is at most its cap (+inf: every item), e.g.
     # its K-th distance among the items a sharded search has already seen (searched with exact distances)
     caps: Tensor | None = None
+    gallery_cache: GalleryCache | None = None  # shared with the other problems of the same gallery
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the search of the whole problem takes the compiled kernels (``plan.use_compiled``)."""
+        return plan.use_compiled(self.query.device, self.query.shape[0], self.gallery.shape[0])
 
     def stage_query(self, rows: Tensor) -> Tensor:
         """The float32 stage-1 rows of the queries ``rows`` (see :func:`stage_rows`)."""
-        return stage_rows(self.query64[rows], self.query_sq64[rows], self.distance)[0]
+        return stage_rows(self.query64[rows], self.query_sq64[rows], self.distance, self.compiled)[0]
 
     def stage_gallery(self) -> tuple[Tensor, Tensor | None]:
-        """The float32 stage-1 gallery rows and squared norms (L2 only)."""
-        return stage_rows(self.gallery64, self.gallery_sq64, self.distance)
+        """The float32 stage-1 gallery rows and squared norms (L2 only); from the gallery cache when it holds them
+        (the same values: they depend on the gallery alone)."""
+        cache = self.gallery_cache
+        if cache is not None and cache.stage is not None:
+            return cache.stage
+        stage = stage_rows(self.gallery64, self.gallery_sq64, self.distance, self.compiled)
+        if cache is not None and cache.keep_rows:
+            cache.stage = stage
+        return stage
 
 
 def make_problem(
@@ -60,6 +87,7 @@ def make_problem(
     names: tuple[str, str] = ("query", "gallery"),
     split: int | None = None,
     lazy64: bool = False,
+    gallery_cache: GalleryCache | None = None,
 ) -> Problem:
     """Prepare a problem from checked inputs (``same_set``: ``gallery`` is ``query``, searched against itself).
 
@@ -70,6 +98,9 @@ def make_problem(
     ``lazy64``: the float64 rows are read on demand (:class:`~.keys.Float64Rows`) instead of copied, for a
     float32 set too large to hold twice more (the values are the same).
 
+    ``gallery_cache`` (a separate gallery): the gallery's norms and stage rows shared with the other problems of
+    the same gallery (e.g. the searches of several query chunks and their full-ranking counts), computed once.
+
     The values that only the float64 norms reveal are checked here, where the norms are computed once:
     no row may be too large for float32 keys, nor all-zero with ``distance="cosine"``. ``names`` are the
     arguments that the user gave as the query and the gallery, for the error messages.
@@ -78,7 +109,15 @@ def make_problem(
     query64: Rows64 = as64(query)
     gallery64: Rows64 = query64 if same_set else as64(gallery)
     query_sq64 = self_dots(query64)
-    gallery_sq64 = query_sq64 if same_set else self_dots(gallery64)
+    assert gallery_cache is None or not same_set, "a gallery cache serves a separate gallery"
+    if same_set:
+        gallery_sq64 = query_sq64
+    elif gallery_cache is not None and gallery_cache.sq64 is not None:
+        gallery_sq64 = gallery_cache.sq64
+    else:
+        gallery_sq64 = self_dots(gallery64)
+        if gallery_cache is not None:
+            gallery_cache.sq64 = gallery_sq64
     sides: tuple[tuple[str, Tensor], ...]
     if same_set and split is not None:  # the two sets of a bipartite search, each under its own name
         sides = ((names[0], query_sq64[:split]), (names[1], query_sq64[split:]))
@@ -103,7 +142,7 @@ def make_problem(
     symmetric = same_set and (own is None or bool((own == torch.arange(own.numel(), device=own.device)).all()))
     return Problem(
         query, gallery, distance, exclusions, n_eligible, query64, gallery64, query_sq64, gallery_sq64, symmetric,
-        query.dtype, split,
+        query.dtype, split, gallery_cache=gallery_cache,
     )  # fmt: skip
 
 
