@@ -171,9 +171,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         "queries and extrapolate linearly to all N (default: run it whole)",
     )
     parser.add_argument("--no-audit-cost", action="store_true", help="skip figure 1")
+    parser.add_argument("--threads", type=int, nargs="+", default=sorted({1, os.cpu_count() or 1}))
     args = parser.parse_args(argv)
     probes: dict = {}
-    for threads in sorted({1, os.cpu_count() or 1}):
+    for threads in args.threads:
         if not args.no_audit_cost:
             print(audit_cost(args.audit_queries, args.audit_gallery, threads, max(2, args.repeats)), flush=True)
         times = {n: evaluation(n, threads, args.repeats, args.exact_queries, probes) for n in sorted(args.sizes)}
