@@ -127,7 +127,7 @@ def test_cllr_sums_to_float64(scale: float) -> None:
     x = rng.normal(size=50_000) * scale
     flags = rng.random(x.size) < 0.3
     sums = np.zeros((-(-x.size // kernels.CHUNK), 2))
-    kernels.cllr_sums(x, flags, kernels.CHUNK, kernels.POWERS, sums)
+    kernels.cllr_sums(x, flags, kernels.CHUNK, kernels.POWERS, sums, 0, sums.shape[0])
     tar = math.fsum(np.logaddexp(0, -x[flags]).tolist())
     non = math.fsum(np.logaddexp(0, x[~flags]).tolist())
     assert math.fsum(sums[:, 0].tolist()) == pytest.approx(tar, rel=1e-13)
@@ -153,7 +153,7 @@ def test_merge_rounds_sort_the_runs(runs: list[int], parts: int) -> None:
     src, dst = np.concatenate(pieces), np.empty(sum(runs), dtype=np.float32)
     bounds = np.cumsum([0, *runs])
     while bounds.size > 2:
-        kernels.merge_pairs(src, dst, bounds, parts)
+        kernels.merge_pairs(src, dst, bounds, parts, 0, (bounds.size // 2) * parts)
         src, dst = dst, src
         bounds = bounds[::2] if bounds.size % 2 else np.append(bounds[::2], bounds[-1])
     assert np.array_equal(src, np.sort(np.concatenate(pieces)))

@@ -1,15 +1,15 @@
 """The numba kernels of the values of given scores (``_trials``), compiled on first use and cached on disk.
 
-The score path is one sort plus linear passes:
+The score path is one sort plus linear passes, each kernel given a range of its tasks (chunks of scores, pieces of
+a merge, value ranges) so that the caller's threads share them (the kernels release the GIL):
 
-1. :func:`split` copies the target and the non-target scores into two arrays (one parallel pass over fixed chunks,
-   each written at offsets that :func:`chunk_targets` counted first) and, with ``cllr``, adds up the chunk's Cllr
-   terms on the way;
-2. the caller sorts each array (numpy's SIMD sorts, several runs at once on several threads);
-3. :func:`sweep` merges the sorted runs group by group, a group being one distinct score, ascending, with its numbers
-   of targets and non-targets, and reads every value at once: the EER candidate and the detection costs of the
-   threshold "accept the trials scoring at least this score", the ROC AUC counts and the pool-adjacent-violators
-   blocks of ``min_cllr``.
+1. :func:`chunk_counts` counts each chunk's targets, :func:`split` copies the target and the non-target scores
+   apart, and :func:`cllr_sums` adds up each chunk's Cllr terms;
+2. the caller sorts pieces of each kind (numpy's SIMD sort) and :func:`merge_pairs` merges them;
+3. :func:`sweep` merges the sorted kinds group by group, a group being one distinct score, ascending, with its
+   numbers of targets and non-targets, and reads every value at once: the EER candidate and the detection costs of
+   the threshold "accept the trials scoring at least this score", the ROC AUC counts and the
+   pool-adjacent-violators blocks of ``min_cllr``.
 
 Scores are compared as floats: -0.0 and +0.0 are one score (the checks refuse NaN). Chunks have a fixed size and
 partial sums are combined in chunk order, so no value depends on the number of threads.
@@ -21,12 +21,10 @@ import math
 
 import numba
 import numpy as np
-from numba import prange
 
 njit = numba.njit(cache=True, nogil=True)
-pjit = numba.njit(cache=True, nogil=True, parallel=True)
 fjit = numba.njit(cache=True, nogil=True, fastmath=True, inline="always")
-fpjit = numba.njit(cache=True, nogil=True, parallel=True, fastmath=True)
+fnjit = numba.njit(cache=True, nogil=True, fastmath=True)
 
 #: Scores per chunk of :func:`split`: a fixed size, so that the partial sums do not depend on the threads.
 CHUNK = 2**14
@@ -41,11 +39,11 @@ _LN2_LO = 1.90821492927058770002e-10
 POWERS = 2.0 ** -np.arange(1024, dtype=np.float64)
 
 
-@pjit
-def chunk_counts(flags, chunk, counts):
-    """``counts[c]``: the (target, non-target) scores of chunk ``c``."""
+@njit
+def chunk_counts(flags, chunk, counts, first, last):
+    """``counts[c]``: the (target, non-target) scores of chunk ``c``, for the chunks ``first`` to ``last``."""
     n = flags.size
-    for c in prange(counts.shape[0]):
+    for c in range(first, last):
         start, stop = c * chunk, min(n, (c + 1) * chunk)
         n_t = 0
         for i in range(start, stop):
@@ -53,12 +51,12 @@ def chunk_counts(flags, chunk, counts):
         counts[c, 0], counts[c, 1] = n_t, stop - start - n_t
 
 
-@pjit
-def split(scores, flags, chunk, at, out):
-    """Copy the scores of chunk ``c`` into ``out``: its targets from ``at[c, 0]`` on, its non-targets from
-    ``at[c, 1]`` on (see :func:`chunk_counts`), without a branch on the flag."""
+@njit
+def split(scores, flags, chunk, at, out, first, last):
+    """Copy the scores of chunk ``c`` (``first`` to ``last``) into ``out``: its targets from ``at[c, 0]`` on, its
+    non-targets from ``at[c, 1]`` on (see :func:`chunk_counts`), without a branch on the flag."""
     n = scores.size
-    for c in prange(at.shape[0]):
+    for c in range(first, last):
         i_t, i_n = at[c, 0], at[c, 1]
         for i in range(c * chunk, min(n, (c + 1) * chunk)):
             is_target = flags[i]
@@ -81,13 +79,14 @@ def _merge_path(a, b, k):
     return low
 
 
-@pjit
-def merge_pairs(src, dst, bounds, parts):
+@njit
+def merge_pairs(src, dst, bounds, parts, first, last):
     """One round of pairwise merges: the sorted runs ``src[bounds[r]:bounds[r + 1]]`` merged two by two (runs 0 and
     1, 2 and 3, ...) into ``dst`` at the same places, a last odd run copied. Each merge is cut into ``parts`` equal
-    pieces of its output, found by binary search along the merge path, so the threads share every merge."""
+    pieces of its output, found by binary search along the merge path, so the threads share every merge: tasks
+    ``first`` to ``last`` of the ``(n_runs + 1) // 2 * parts`` (merge, piece) tasks."""
     n_runs = bounds.size - 1
-    for task in prange(((n_runs + 1) // 2) * parts):
+    for task in range(first, last):
         pair, part = task // parts, task % parts
         lo, mid, hi = bounds[2 * pair], bounds[min(2 * pair + 1, n_runs)], bounds[min(2 * pair + 2, n_runs)]
         a, b = src[lo:mid], src[mid:hi]
@@ -114,8 +113,8 @@ def _exp_minus(a, powers):
     return p * powers[k]
 
 
-@fpjit
-def cllr_sums(scores, flags, chunk, powers, sums):
+@fnjit
+def cllr_sums(scores, flags, chunk, powers, sums, first, last):
     """``sums[c]`` = the sum over the targets of chunk ``c`` of softplus(-s) = log(1 + e^-s), and over its
     non-targets of softplus(s), each written ``max(+-s, 0) + log(1 + e^-|s|)``.
 
@@ -126,7 +125,7 @@ def cllr_sums(scores, flags, chunk, powers, sums):
     sums within a run are reassociated, an error of a few ulps of the run's sum; runs and chunks have fixed sizes,
     so the sums do not depend on the threads."""
     n = scores.size
-    for c in prange(sums.shape[0]):
+    for c in range(first, last):
         total_t, total_n = 0.0, 0.0
         for start in range(c * chunk, min(n, (c + 1) * chunk), _RUN):
             prod_t, prod_n, add_t, add_n = 1.0, 1.0, 0.0, 0.0
@@ -186,8 +185,8 @@ def _run_start(values, at, low):
     return at
 
 
-@pjit
-def sweep(tar, non, starts, weights, with_pav, blocks, groups, found, counts):
+@njit
+def sweep(tar, non, starts, weights, with_pav, blocks, groups, found, counts, first, last):
     """Merge the sorted target (``tar``) and non-target (``non``) scores by distinct score, ascending, and find, for
     the thresholds "accept the trials scoring at least s", where each value is reached: each value range ``r``
     (``starts[k, r]`` to ``starts[k, r + 1]`` in the arrays of kind ``k``) on a thread of its own, its results in
@@ -212,7 +211,7 @@ def sweep(tar, non, starts, weights, with_pav, blocks, groups, found, counts):
     n_pos, n_neg = tar.size, non.size
     keep_groups = groups.shape[1] > 0
     n_costs = weights.shape[1]
-    for r in prange(starts.shape[1] - 1):
+    for r in range(first, last):
         i, j = starts[0, r], starts[1, r]
         end_t, end_n = starts[0, r + 1], starts[1, r + 1]
         base = i + j

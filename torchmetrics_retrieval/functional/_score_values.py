@@ -11,6 +11,7 @@ values.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import itertools
 import math
@@ -87,37 +88,51 @@ def _working_scores(scores: Tensor) -> np.ndarray:
     return scores.detach().to(device="cpu", dtype=dtype).contiguous().numpy()
 
 
-def _sorted_kinds(values: np.ndarray, flags: np.ndarray, threads: int, kernels: Any) -> tuple[np.ndarray, int]:
+def _share(pool: ThreadPoolExecutor | None, threads: int, kernel: Any, n_tasks: int, *args: Any) -> None:
+    """``kernel(*args, first, last)`` over the tasks ``0`` to ``n_tasks``, cut into ``threads`` runs of about equal
+    size, one per thread of ``pool`` (None: all on this thread). The kernels release the GIL; the threads of the pool
+    wait without spinning between passes (an OpenMP pool spinning after one pass slows the next pass's sort)."""
+    if pool is None:
+        kernel(*args, 0, n_tasks)
+        return
+    cuts = [n_tasks * t // threads for t in range(threads + 1)]
+    list(pool.map(lambda t: kernel(*args, cuts[t], cuts[t + 1]), range(threads)))
+
+
+def _sorted_kinds(
+    values: np.ndarray, flags: np.ndarray, threads: int, pool: ThreadPoolExecutor | None, kernels: Any
+) -> tuple[np.ndarray, int]:
     """The target scores, sorted, then the non-target scores, sorted, in one array, and the number of targets.
 
-    The scores are split by kind (one parallel pass), each kind is cut into pieces of at most ``n / threads``
-    scores, the pieces are sorted ``threads`` at a time (numpy's SIMD sort releases the GIL), and the sorted pieces
-    of a kind are merged pairwise, each merge shared out over the threads. Pieces and merges move values only, so
-    the result does not depend on the threads (but for the order of -0.0 and +0.0, which compare equal)."""
+    The scores are split by kind (chunks shared out over the threads), each kind is cut into pieces of at most
+    ``n / threads`` scores, the pieces are sorted ``threads`` at a time (numpy's SIMD sort releases the GIL), and the
+    sorted pieces of a kind are merged pairwise, each merge shared out over the threads. Pieces and merges move
+    values only, so the result does not depend on the threads (but for the order of -0.0 and +0.0, which compare
+    equal)."""
     n_chunks = max(1, -(-values.size // kernels.CHUNK))
     counts = np.empty((n_chunks, 2), dtype=np.int64)
-    kernels.chunk_counts(flags, kernels.CHUNK, counts)
+    _share(pool, threads, kernels.chunk_counts, n_chunks, flags, kernels.CHUNK, counts)
     n_pos = int(counts[:, 0].sum())
     at = np.cumsum(counts, axis=0) - counts  # each chunk's first position in its kind, chunks in order
     at[:, 1] += n_pos
     out = np.empty_like(values)
-    kernels.split(values, flags, kernels.CHUNK, at, out)
+    _share(pool, threads, kernels.split, n_chunks, values, flags, kernels.CHUNK, at, out)
     piece = max(1, -(-values.size // threads))
     bounds = np.unique(
         np.concatenate([np.arange(0, n_pos, piece), np.arange(n_pos, values.size, piece), [n_pos, values.size]])
     )
     pieces = [out[a:b] for a, b in itertools.pairwise(bounds)]
-    if threads == 1:
+    if pool is None:
         for p in pieces:
             p.sort()
-    else:
-        with ThreadPoolExecutor(threads) as pool:  # the largest first, for balance
-            list(pool.map(np.ndarray.sort, sorted(pieces, key=len, reverse=True)))
+    else:  # the largest first, for balance
+        list(pool.map(np.ndarray.sort, sorted(pieces, key=len, reverse=True)))
     spare = np.empty_like(values) if bounds.size > 3 else values[:0]
     for kind in (bounds[bounds <= n_pos], bounds[bounds >= n_pos]):
         src, dst = out, spare
         while kind.size > 2:  # more than one sorted run of this kind
-            kernels.merge_pairs(src, dst, kind, threads)
+            n_tasks = (kind.size // 2) * threads  # (kind.size - 1 runs: pairs, a last odd run alone)
+            _share(pool, threads, kernels.merge_pairs, n_tasks, src, dst, kind, threads)
             src, dst, kind = dst, src, kind[::2] if kind.size % 2 else np.append(kind[::2], kind[-1])
         if src is not out:
             out[kind[0] : kind[-1]] = src[kind[0] : kind[-1]]
@@ -144,11 +159,26 @@ def _sweep(
     kernels = importlib.import_module("torchmetrics_retrieval.functional._score_kernels")
     threads = kernel_threads()
     values, flags = _working_scores(scores), is_target.detach().cpu().contiguous().numpy()
+    with ThreadPoolExecutor(threads) if threads > 1 else contextlib.nullcontext() as pool:
+        return _sweep_on(values, flags, fmr_vals, request, nearest, threads, pool, kernels)
+
+
+def _sweep_on(
+    values: np.ndarray,
+    flags: np.ndarray,
+    fmr_vals: tuple[float, ...],
+    request: TrialRequest,
+    nearest: bool,
+    threads: int,
+    pool: ThreadPoolExecutor | None,
+    kernels: Any,
+) -> _Sweep:
+    """:func:`_sweep` on the working scores, ``threads`` threads of ``pool`` sharing every pass."""
     n_chunks = max(1, -(-values.size // kernels.CHUNK))
     sums = np.zeros((n_chunks if request.cllr else 0, 2))
     if request.cllr:
-        kernels.cllr_sums(values, flags, kernels.CHUNK, kernels.POWERS, sums)
-    both, n_pos = _sorted_kinds(values, flags, threads, kernels)
+        _share(pool, threads, kernels.cllr_sums, n_chunks, values, flags, kernels.CHUNK, kernels.POWERS, sums)
+    both, n_pos = _sorted_kinds(values, flags, threads, pool, kernels)
     tar, non = both[:n_pos], both[n_pos:]
     n_neg = non.size
     starts = _value_ranges(tar, non, threads)
@@ -163,7 +193,9 @@ def _sweep(
     reached = np.empty((n_ranges, 4 + 2 * miss.size), dtype=np.int64)
     counts = np.empty((n_ranges, 4), dtype=np.int64)
     weights = np.stack([miss / n_pos, fa / n_neg])
-    kernels.sweep(tar, non, starts, weights, request.cllr, blocks, groups, reached, counts)
+    _share(
+        pool, threads, kernels.sweep, n_ranges, tar, non, starts, weights, request.cllr, blocks, groups, reached, counts
+    )
     # the thresholds found (rejecting t targets and n non-targets), ascending, then "accept nothing" (P, N)
     candidates = reached[:, :4].reshape(-1, 2)
     candidates = np.concatenate([candidates[candidates[:, 0] >= 0], [[n_pos, n_neg]]])
@@ -193,7 +225,7 @@ def _sweep(
     act_counts = {}
     for p in request.act_dcf_p_target:  # the Bayes threshold: accept a trial scoring at least it
         bayes = math.log(c_fa * (1 - p) / (c_miss * p))
-        act_counts[p] = (kernels.count_below(tar, bayes, False), n_neg - kernels.count_below(non, bayes, False))
+        act_counts[p] = kernels.count_below(tar, bayes, False), n_neg - kernels.count_below(non, bayes, False)
     tar_sum, non_sum = (math.fsum(sums[:, k].tolist()) for k in (0, 1))  # in chunk order, exactly
     return _Sweep(
         found, thresholds, fnmr, (below, equal), (tar_sum, non_sum), blocks, groups, act_counts, (n_pos, n_neg),
