@@ -3,10 +3,10 @@
 They are those of the all-pairs path with distance = -score (``fnmr@fmr`` and ``tar@far`` at numpy's linear
 quantile, ``eer``, ``min_dcf``, ``roc_auc``; ``_pairs.quantiles``, ``_pairs.rates``), plus the ROC point nearest a
 FAR, ``act_dcf``, ``cllr`` and ``min_cllr``. Here the scores are all at hand, so they come from one sort and linear
-passes (``_score_kernels``): the target and non-target scores split apart by value range, each range sorted on a
-thread, one sweep over the sorted scores group by distinct score (a range per thread), and the Cllr sums in a pass
-of their own. The rates are the same int64 counts over the same totals as the all-pairs path's, so the same float64
-values.
+passes (``_score_kernels``): the target and non-target scores split apart, sorted in pieces and merged, one sweep
+over the sorted scores group by distinct score (a value range per thread), and the Cllr sums in a pass of their
+own, every pass on one pool of threads. The rates are the same int64 counts over the same totals as the all-pairs
+path's, so the same float64 values.
 """
 
 from __future__ import annotations
@@ -90,8 +90,8 @@ def _working_scores(scores: Tensor) -> np.ndarray:
 
 def _share(pool: ThreadPoolExecutor | None, threads: int, kernel: Any, n_tasks: int, *args: Any) -> None:
     """``kernel(*args, first, last)`` over the tasks ``0`` to ``n_tasks``, cut into ``threads`` runs of about equal
-    size, one per thread of ``pool`` (None: all on this thread). The kernels release the GIL; the threads of the pool
-    wait without spinning between passes (an OpenMP pool spinning after one pass slows the next pass's sort)."""
+    size, one per thread of ``pool`` (None: all on this thread). The kernels release the GIL, so the passes and the
+    sorts between them share one set of threads instead of two pools (the sorts' and numba's)."""
     if pool is None:
         kernel(*args, 0, n_tasks)
         return
@@ -225,7 +225,7 @@ def _sweep_on(
     act_counts = {}
     for p in request.act_dcf_p_target:  # the Bayes threshold: accept a trial scoring at least it
         bayes = math.log(c_fa * (1 - p) / (c_miss * p))
-        act_counts[p] = kernels.count_below(tar, bayes, False), n_neg - kernels.count_below(non, bayes, False)
+        act_counts[p] = (kernels.count_below(tar, bayes, False), n_neg - kernels.count_below(non, bayes, False))
     tar_sum, non_sum = (math.fsum(sums[:, k].tolist()) for k in (0, 1))  # in chunk order, exactly
     return _Sweep(
         found, thresholds, fnmr, (below, equal), (tar_sum, non_sum), blocks, groups, act_counts, (n_pos, n_neg),
