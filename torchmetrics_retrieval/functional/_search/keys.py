@@ -205,11 +205,9 @@ class _Gathered:
         self.x64, device, dim = x64, x64.device, x64.shape[1]
         capacity = min(_LAZY_PAIRS, n_pairs, x64.shape[0])
         self.rows64 = torch.empty((capacity, dim), dtype=torch.float64, device=device)
-        self.rows = torch.empty((capacity, dim), dtype=x64.x.dtype, device=device) if self.lazy else None
-
-    @property
-    def lazy(self) -> bool:
-        return isinstance(self.x64, Float64Rows)
+        self.rows: Tensor | None = None
+        if isinstance(x64, Float64Rows):
+            self.rows = torch.empty((capacity, dim), dtype=x64.x.dtype, device=device)
 
     def __call__(self, index: Tensor) -> Tensor:
         """``x64[index]`` (at most the buffers' rows), valid until the next call."""
