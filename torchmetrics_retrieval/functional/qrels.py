@@ -49,11 +49,19 @@ def _check_bool(name: str, value: Any) -> bool:
     return value
 
 
-def _trec_eval_order(corpus_ids: list[str]) -> list[int] | None:
+def trec_eval_order(corpus_ids: list[str]) -> list[int] | None:
     """The corpus positions in trec_eval's tie order (document id descending, compared as strings), or None when
     the corpus is already in it: the search then breaks ties by position exactly as trec_eval does."""
     order = sorted(range(len(corpus_ids)), key=corpus_ids.__getitem__, reverse=True)
     return None if order == list(range(len(corpus_ids))) else order
+
+
+def identical_positions(qids: list[str], cids: list[str], device: torch.device) -> Tensor | None:
+    """Per query, the corpus position of the document with its own id (-1: none), or None when no query has one
+    (BEIR's ``ignore_identical_ids``: that document is left out of the query's ranking)."""
+    at = {c: j for j, c in enumerate(cids)}
+    positions = torch.tensor([at.get(q, -1) for q in qids], dtype=torch.long, device=device)
+    return positions if bool((positions >= 0).any()) else None
 
 
 def qrels_per_query(
@@ -88,17 +96,13 @@ def qrels_per_query(
     qids = check_id_list("query_ids", query_ids, query.shape[0], "query")
     cids = check_id_list("corpus_ids", corpus_ids, corpus.shape[0], "corpus")
     triples = parse_qrels(qrels)
-    order = _trec_eval_order(cids) if ties == "trec_eval" else None
+    order = trec_eval_order(cids) if ties == "trec_eval" else None
     if order is not None:  # a reordered copy of the corpus: trec_eval's ties become the search's own
         corpus = corpus[torch.tensor(order, device=corpus.device)]
         cids = [cids[i] for i in order]
     device = query.device
     table = make_table(triples, qids, cids, relevance_level, device)
-    self_index = None
-    if ignore_identical_ids:
-        at = {c: j for j, c in enumerate(cids)}
-        self_index = torch.tensor([at.get(q, -1) for q in qids], dtype=torch.long, device=device)
-        self_index = self_index if bool((self_index >= 0).any()) else None
+    self_index = identical_positions(qids, cids, device) if ignore_identical_ids else None
     n_corpus = corpus.shape[0]
     positions = torch.arange(n_corpus, device=device)
     blocked = BlockedCorpus(query, corpus, positions, self_index, n_corpus, distance, knn_backend, chunk_size)

@@ -25,7 +25,13 @@ from torchmetrics_retrieval.functional._per_query import RetrievalResult
 from torchmetrics_retrieval.functional._qrels_inputs import make_table
 from torchmetrics_retrieval.functional._qrels_search import BlockedCorpus, Collectives
 from torchmetrics_retrieval.functional._qrels_values import Cutoffs
-from torchmetrics_retrieval.functional.qrels import check_rows, qrels_result, qrels_values
+from torchmetrics_retrieval.functional.qrels import (
+    check_rows,
+    identical_positions,
+    qrels_result,
+    qrels_values,
+    trec_eval_order,
+)
 from torchmetrics_retrieval.metrics._sharded.gather import all_reduce, gather
 from torchmetrics_retrieval.metrics._sharded.global_set import global_rows
 
@@ -49,8 +55,8 @@ def sharded_qrels(
         check_rows(query, local, search["distance"])
     device, n_corpus = query.device, len(cids)
     position = torch.arange(n_corpus, device=device)  # global position of each de-duplicated document
-    if search["ties"] == "trec_eval":  # trec_eval's tie order (id descending as strings) becomes the positions'
-        order = sorted(range(n_corpus), key=cids.__getitem__, reverse=True)
+    order = trec_eval_order(cids) if search["ties"] == "trec_eval" else None
+    if order is not None:  # trec_eval's tie order (id descending as strings) becomes the positions'
         position[torch.tensor(order, dtype=torch.long, device=device)] = torch.arange(n_corpus, device=device)
         cids = [cids[i] for i in order]
     mine = torch.nonzero(owner == dist.get_rank(group)).flatten()
@@ -58,11 +64,7 @@ def sharded_qrels(
     corpus = local[row[mine[by_position]]]  # this rank's rows in global order (a copy of its shard only)
     level = search["relevance_level"]
     table = make_table(triples, qids, cids, level, device)
-    self_global = None
-    if search["ignore_identical_ids"]:
-        at = {c: j for j, c in enumerate(cids)}
-        self_global = torch.tensor([at.get(q, -1) for q in qids], dtype=torch.long, device=device)
-        self_global = self_global if bool((self_global >= 0).any()) else None
+    self_global = identical_positions(qids, cids, device) if search["ignore_identical_ids"] else None
     collectives = Collectives(lambda t: gather(t, group), lambda t: all_reduce(t, group))
     blocked = BlockedCorpus(
         query, corpus, gallery, self_global, n_corpus, search["distance"], search["knn_backend"],
