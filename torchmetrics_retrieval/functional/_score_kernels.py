@@ -17,6 +17,7 @@ partial sums are combined in chunk order, so no value depends on the number of t
 
 from __future__ import annotations
 
+import decimal
 import math
 
 import numba
@@ -32,11 +33,28 @@ CHUNK = 2**14
 _RUN = 512
 #: Below it, ``log(1 + u)`` is summed as ``u - u^2 / 2``.
 _TINY = 2.0**-26
-_INV_LN2 = 1.4426950408889634
-_LN2_HI = 6.93147180369123816490e-01  # log 2 = _LN2_HI + _LN2_LO, _LN2_HI with its low 32 bits zero (fdlibm)
-_LN2_LO = 1.90821492927058770002e-10
-#: ``2^-k`` for the ``k`` of :func:`_exp_minus` (``a <= 708``: ``k <= 1022``).
-POWERS = 2.0 ** -np.arange(1024, dtype=np.float64)
+#: ``e^-a`` is reduced to ``2^(-k / STEPS) e^-r`` with ``|r| <= log(2) / (2 STEPS)``: a short polynomial for
+#: ``e^-r`` and one table read for the power, the table as long as ``a <= 708`` needs.
+STEPS = 16
+_STEPS_OVER_LN2 = STEPS * 1.4426950408889634
+# log(2) / STEPS in two parts, the first with its low 32 bits zero, so that ``k * _HI`` is exact (fdlibm's split
+# of log 2, divided by a power of two, exactly)
+_HI = 6.93147180369123816490e-01 / STEPS
+_LO = 1.90821492927058770002e-10 / STEPS
+
+
+def _exp_table() -> np.ndarray:
+    """``2^(-i / STEPS)`` for every ``i`` a score up to 708 reaches, each correctly rounded: the STEPS fractional
+    powers from 30-digit decimals, scaled by exact powers of two."""
+    with decimal.localcontext() as context:
+        context.prec = 30
+        fractions = np.array([float(decimal.Decimal(2) ** (decimal.Decimal(-j) / STEPS)) for j in range(STEPS)])
+    i = np.arange(int(708 * _STEPS_OVER_LN2) + 2)
+    return np.ldexp(fractions[i % STEPS], -(i // STEPS))
+
+
+#: ``2^(-i / STEPS)``, read by :func:`_exp_minus`.
+EXP_TABLE = _exp_table()
 
 
 @njit
@@ -101,20 +119,20 @@ def merge_pairs(src, dst, bounds, parts, first, last):
 
 
 @fjit
-def _exp_minus(a, powers):
+def _exp_minus(a, table):
     """``e^-a`` for ``0 <= a <= 708`` to a few ulps, without a call (so that the loop around it vectorises):
-    ``a = k log 2 + r`` with ``|r| <= log(2) / 2`` (log 2 in two parts, so that ``r`` is exact), ``e^-r`` by its
-    Taylor series to the 14th term (error below 1e-17), times ``powers[k] = 2^-k``."""
-    k = np.int32(a * _INV_LN2 + 0.5)  # int32: AVX2 converts doubles to int32 lanes, not to int64
-    r = -((a - k * _LN2_HI) - k * _LN2_LO)
-    p = 1.0 / 14.0 * r + 1.0
-    for m in range(13, 0, -1):
+    ``a = k log(2) / STEPS + r`` (``r`` exact, ``|r| <= 0.022``), ``e^-r`` by its Taylor series to the 7th term
+    (error below 2e-18), times ``table[k] = 2^(-k / STEPS)``."""
+    k = np.int32(a * _STEPS_OVER_LN2 + 0.5)  # int32: AVX2 converts doubles to int32 lanes, not to int64
+    r = -((a - k * _HI) - k * _LO)
+    p = 1.0 / 7.0 * r + 1.0
+    for m in range(6, 0, -1):
         p = p * (r / m) + 1.0
-    return p * powers[k]
+    return p * table[k]
 
 
 @fnjit
-def cllr_sums(scores, flags, chunk, powers, sums, first, last):
+def cllr_sums(scores, flags, chunk, table, sums, first, last):
     """``sums[c]`` = the sum over the targets of chunk ``c`` of softplus(-s) = log(1 + e^-s), and over its
     non-targets of softplus(s), each written ``max(+-s, 0) + log(1 + e^-|s|)``.
 
@@ -131,7 +149,7 @@ def cllr_sums(scores, flags, chunk, powers, sums, first, last):
             prod_t, prod_n, add_t, add_n = 1.0, 1.0, 0.0, 0.0
             for i in range(start, min(n, start + _RUN)):
                 x = np.float64(scores[i])
-                u = _exp_minus(min(abs(x), 708.0), powers)
+                u = _exp_minus(min(abs(x), 708.0), table)
                 tiny = u < _TINY
                 factor = 1.0 if tiny else 1.0 + u
                 extra = u - 0.5 * u * u if tiny else 0.0

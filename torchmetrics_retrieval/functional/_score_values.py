@@ -177,7 +177,7 @@ def _sweep_on(
     n_chunks = max(1, -(-values.size // kernels.CHUNK))
     sums = np.zeros((n_chunks if request.cllr else 0, 2))
     if request.cllr:
-        _share(pool, threads, kernels.cllr_sums, n_chunks, values, flags, kernels.CHUNK, kernels.POWERS, sums)
+        _share(pool, threads, kernels.cllr_sums, n_chunks, values, flags, kernels.CHUNK, kernels.EXP_TABLE, sums)
     both, n_pos = _sorted_kinds(values, flags, threads, pool, kernels)
     tar, non = both[:n_pos], both[n_pos:]
     n_neg = non.size
