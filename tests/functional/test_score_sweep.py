@@ -183,3 +183,26 @@ def test_more_pieces_than_threads_merge_to_the_same_values(
     expected = score_metrics(*args, **nearest)
     monkeypatch.setattr(values, "kernel_threads", lambda: n_threads)
     assert score_metrics(*args, **nearest) == expected
+
+
+def test_exp_of_the_cllr_terms_to_a_few_ulps() -> None:
+    # e^-a of the kernel (table of 2^(-k/16) and a 7-term polynomial) against math.exp, over the whole range it
+    # serves, including the ends of the table and the points where the reduction changes step
+    kernels = importlib.import_module("torchmetrics_retrieval.functional._score_kernels")
+    steps = np.arange(0, 708 * kernels.STEPS / math.log(2)) * math.log(2) / kernels.STEPS
+    a = np.concatenate([np.random.default_rng(5).random(20_000) * 708, [0.0, 708.0], steps, steps + 0.0108])
+    a = a[a <= 708.0]
+    got = _exp_minus_all(a, kernels.EXP_TABLE, kernels._exp_minus)
+    want = np.array([math.exp(-float(x)) for x in a])
+    assert np.max(np.abs(got / want - 1)) < 1e-14  # math.exp is within an ulp (2.2e-16)
+
+
+def _exp_minus_all(a: np.ndarray, table: np.ndarray, exp_minus: object) -> np.ndarray:
+    @numba.njit
+    def each(a: np.ndarray, table: np.ndarray) -> np.ndarray:
+        out = np.empty_like(a)
+        for i in range(a.size):
+            out[i] = exp_minus(a[i], table)  # type: ignore[operator]
+        return out
+
+    return each(a, table)
