@@ -35,7 +35,7 @@ from torchmetrics_retrieval.functional._sets import QueryGallery
 from torchmetrics_retrieval.functional.reduction import _apply_empty_target_action_compute
 from torchmetrics_retrieval.functional.relevance import _count_relevant_compute, _relevance_matrix_compute
 
-__all__ = ["RetrievalResult", "count_relevant", "per_query", "search_depth"]
+__all__ = ["RetrievalResult", "beyond_k", "count_relevant", "per_query", "per_query_result", "search_depth"]
 
 #: Largest (Q, K) neighbour table (distances, indices, validity, hits) held at once when the caller does not
 #: ask for the neighbours themselves.
@@ -221,10 +221,7 @@ def _from_full_ranks(
         assert not last  # with full ``map`` every rank is known; ``minp`` reads the last one itself
         return full[rows, :most]
 
-    if options.mrr:
-        values["mrr"] = _mrr(qg, options, values["mrr"], n_relevant, known)
-    values.update(_full_ranking_values(qg, options, n_relevant, known))
-    return values
+    return beyond_k(qg, options, values, n_relevant, known)
 
 
 #: Keys of the chunked pass's per-query nearest item and its relevance (taken out before the values are returned).
@@ -290,6 +287,24 @@ def _full_ranking_values(
     return values
 
 
+def beyond_k(
+    qg: QueryGallery,
+    options: RetrievalOptions,
+    values: dict[str, Tensor],
+    n_relevant: Tensor,
+    ranks: RanksFn | None = None,
+    mrr_beyond: bool = True,
+) -> dict[str, Tensor]:
+    """``values`` (the ranking values within K of the queries whose n(q) is ``n_relevant``) completed with what
+    lies beyond K: ``mrr`` over the full ranking (unless not ``mrr_beyond``: a user's lists rank nothing beyond
+    them) and the full-ranking values (``ranks``: as in :func:`_mrr`)."""
+    if options.mrr and mrr_beyond:
+        values["mrr"] = _mrr(qg, options, values["mrr"], n_relevant, ranks)
+    if options.map_full or options.minp:
+        values.update(_full_ranking_values(qg, options, n_relevant, ranks))
+    return values
+
+
 def search_depth(options: RetrievalOptions, n_relevant: Tensor) -> int:
     """The K of the one kNN search: the largest cutoff, at least 1, and n(q) for MAP@R and R-precision."""
     cutoffs = options.cmc_top_k + options.precision_top_k + options.map_top_k + options.recall_top_k
@@ -343,7 +358,7 @@ def per_query(
     # (or the nearest one, for open-set identification)
     if options.map_full and not keep_neighbours and neighbours is None and not options.fpir_vals:
         values = _from_full_ranks(qg, options, k, n_relevant, n_candidates)
-        return _result(qg, options, values, n_relevant, empty, empty.valid)
+        return per_query_result(qg, options, values, n_relevant, empty, empty.valid)
     with section("kNN search", n_query, unit="query"):
         if keep_neighbours or one_pass:
             values, found, is_relevant = _one_pass(
@@ -361,14 +376,11 @@ def per_query(
         nearest_item, nearest_relevant = values.pop(_NEAREST), values.pop(_NEAREST_HIT)
     if options.fpir_vals:
         nearest = _nearest_distances(qg, options, nearest_item, n_candidates > 0)
-    if options.mrr and not listed:
-        values["mrr"] = _mrr(qg, options, values["mrr"], n_relevant)
-    if options.map_full or options.minp:
-        values.update(_full_ranking_values(qg, options, n_relevant))
-    return _result(qg, options, values, n_relevant, found, is_relevant, nearest, nearest_relevant)
+    values = beyond_k(qg, options, values, n_relevant, mrr_beyond=not listed)
+    return per_query_result(qg, options, values, n_relevant, found, is_relevant, nearest, nearest_relevant)
 
 
-def _result(
+def per_query_result(
     qg: QueryGallery,
     options: RetrievalOptions,
     values: dict[str, Tensor],
@@ -378,7 +390,8 @@ def _result(
     nearest: Tensor | None = None,
     nearest_relevant: Tensor | None = None,
 ) -> RetrievalResult:
-    """The per-query result of ``per_query``, with the counted queries under the empty-target rule."""
+    """The per-query result of ``per_query`` (or of sharded mode, from every rank's rows), with the counted queries
+    under the empty-target rule; ``found``'s items index ``qg.gallery``."""
     counted = _apply_empty_target_action_compute(
         torch.zeros(n_relevant.shape[0]), n_relevant, options.empty_target_action
     )[1]

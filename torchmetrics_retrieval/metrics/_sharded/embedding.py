@@ -26,15 +26,15 @@ from torch import Tensor
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._per_query import (
     RetrievalResult,
-    _full_ranking_values,
-    _mrr,
     _ranking_values,
+    beyond_k,
     count_relevant,
+    per_query_result,
     search_depth,
 )
 from torchmetrics_retrieval.functional._reduce import reduce_per_query
+from torchmetrics_retrieval.functional._search.types import KNNResult
 from torchmetrics_retrieval.functional.identification import _dir_at_fpir_compute
-from torchmetrics_retrieval.functional.reduction import _apply_empty_target_action_compute
 from torchmetrics_retrieval.functional.relevance import _relevance_matrix_compute
 from torchmetrics_retrieval.functional.verification import PairRequest
 from torchmetrics_retrieval.metrics._sharded.gather import gather_rows
@@ -74,36 +74,21 @@ def sharded_ranking(shards: ShardedSet, options: RetrievalOptions) -> tuple[dict
     k = min(search_depth(options, n_relevant), n_gallery)
     search = symmetric_top_k if symmetric_fits(shards, k, options) else one_sided_top_k
     rows, distances, items, valid = search(shards, options, k)
-    hits = _relevance_matrix_compute(
-        qg.query_labels[rows], qg.gallery_labels, items.clamp(max=n_gallery - 1), valid, options.label_comparison_fn
-    )
+    items = items.clamp(max=n_gallery - 1)  # (an empty slot's item is out of range)
+    labels = qg.query_labels[rows]
+    hits = _relevance_matrix_compute(labels, qg.gallery_labels, items, valid, options.label_comparison_fn)
     values = _ranking_values(options, hits, n_relevant[rows], n_candidates[rows])
     if options.mrr or options.map_full or options.minp:  # ranks in the full ranking: counts summed over shards
-        ranks = ShardedRanks(shards, options, n_relevant, rows)
-        if options.mrr:
-            values["mrr"] = _mrr(qg, options, values["mrr"], n_relevant[rows], ranks)
-        if options.map_full or options.minp:
-            values.update(_full_ranking_values(qg, options, n_relevant[rows], ranks))
+        values = beyond_k(qg, options, values, n_relevant[rows], ShardedRanks(shards, options, n_relevant, rows))
     table = {"_rows": rows, "_d": distances, "_i": items, "_v": valid, "_h": hits, **values}
     gathered = gather_rows(table, group)
     order = torch.argsort(gathered.pop("_rows"))
     gathered = {key: value[order] for key, value in gathered.items()}
-    distances, items, valid, hits = (gathered.pop(key) for key in ("_d", "_i", "_v", "_h"))
-    counted = _apply_empty_target_action_compute(torch.zeros(n_query), n_relevant, options.empty_target_action)[1]
-    result = RetrievalResult(
-        values=gathered,
-        counted=counted,
-        n_relevant=n_relevant,
-        indices=torch.where(valid, qg.gallery_positions[items.clamp(max=n_gallery - 1)], 0),
-        distances=distances,
-        valid=valid,
-        is_relevant=hits,
-        query_positions=qg.query_positions,
-        query_labels=qg.query_labels,
-        query_categories=qg.query_categories,
-    )
+    found = KNNResult(*(gathered.pop(key) for key in ("_d", "_i", "_v")))
+    result = per_query_result(qg, options, gathered, n_relevant, found, gathered.pop("_h"))
     metrics = reduce_per_query(result, options)
     if options.fpir_vals:
-        nearest = distances[:, 0].masked_fill(~valid[:, 0], math.inf)
-        metrics.update(_dir_at_fpir_compute(nearest, hits[:, 0] & valid[:, 0], n_relevant, options.fpir_vals))
+        first_valid, first_hit = result.valid[:, 0], result.is_relevant[:, 0] & result.valid[:, 0]
+        nearest = result.distances[:, 0].masked_fill(~first_valid, math.inf)
+        metrics.update(_dir_at_fpir_compute(nearest, first_hit, n_relevant, options.fpir_vals))
     return metrics, result
