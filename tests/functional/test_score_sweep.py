@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import functools
 import importlib
+import itertools
 import math
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
@@ -143,29 +145,41 @@ def test_cllr_of_well_separated_scores_keeps_its_small_terms() -> None:
     assert float(out["min_cllr"]) == 0.0
 
 
-@pytest.mark.parametrize("runs", [[5], [0, 7], [3, 0, 9], [4, 4, 4, 4, 1], [1] * 9, [50, 2, 0, 31, 17, 8]])
-@pytest.mark.parametrize("parts", [1, 2, 5])
-def test_merge_rounds_sort_the_runs(runs: list[int], parts: int) -> None:
-    # rounds of merge_pairs as _sorted_kinds runs them, on sorted runs with many ties, against numpy's sort
+@pytest.mark.parametrize("n_threads", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("kind", ["continuous", "ties", "tiny"])
+def test_value_ranges_sort_each_kind(kind: str, n_threads: int) -> None:
+    # each kind sorted (against numpy's sort), and cut into one value range per thread: the scores of each range lie
+    # between the pivots around it (so equal scores share a range), on many ties and on fewer scores than threads
+    values = importlib.import_module("torchmetrics_retrieval.functional._score_values")
     kernels = importlib.import_module("torchmetrics_retrieval.functional._score_kernels")
-    rng = np.random.default_rng(sum(runs) + parts)
-    pieces = [np.sort(rng.integers(-4, 4, size).astype(np.float32) / 2) for size in runs]
-    src, dst = np.concatenate(pieces), np.empty(sum(runs), dtype=np.float32)
-    bounds = np.cumsum([0, *runs])
-    while bounds.size > 2:
-        kernels.merge_pairs(src, dst, bounds, parts, 0, (bounds.size // 2) * parts)
-        src, dst = dst, src
-        bounds = bounds[::2] if bounds.size % 2 else np.append(bounds[::2], bounds[-1])
-    assert np.array_equal(src, np.sort(np.concatenate(pieces)))
+    rng = np.random.default_rng(n_threads)
+    n = {"continuous": 50_001, "ties": 40_000, "tiny": 3}[kind]
+    flags = rng.random(n) < 0.3
+    scores = rng.normal(size=n).astype(np.float32) if kind != "ties" else rng.integers(-3, 3, n) / 2.0
+    with ThreadPoolExecutor(n_threads) as pool:
+        use = pool if n_threads > 1 else None
+        both, n_pos = values._sorted_kinds(scores, flags, n_threads, use, kernels)
+        split = np.concatenate([scores[flags], scores[~flags]])
+        pivots = values._pivots(scores, n_threads)
+        cut, bounds = values._partitioned(split, np.array([0, n_pos, n]), pivots, n_threads, use, kernels)
+    assert np.array_equal(both[:n_pos], np.sort(scores[flags]))
+    assert np.array_equal(both[n_pos:], np.sort(scores[~flags]))
+    assert bounds.size == 2 * n_threads + 1 and bounds[[0, n_threads, -1]].tolist() == [0, n_pos, n]
+    for kind, (lo, hi) in enumerate(((0, n_pos), (n_pos, n))):
+        assert np.array_equal(np.sort(cut[lo:hi]), np.sort(split[lo:hi]))  # the kind's scores, moved only
+        ranges = itertools.pairwise(bounds[kind * n_threads : (kind + 1) * n_threads + 1])
+        for r, (a, b) in enumerate(ranges):  # between the pivots around it (every score of a range)
+            assert r == 0 or cut[a:b].min(initial=np.inf) >= pivots[r - 1]
+            assert r == n_threads - 1 or cut[a:b].max(initial=-np.inf) < pivots[r]
 
 
 @pytest.mark.parametrize("n_threads", [3, 5, 8])
 @pytest.mark.parametrize("kind", ["continuous", "ties"])
-def test_more_pieces_than_threads_merge_to_the_same_values(
+def test_more_ranges_than_threads_give_the_same_values(
     kind: str, n_threads: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # the pieces, merge rounds and value ranges of several threads (the kernels' prange runs them on the threads
-    # there are): every value equal to one thread's
+    # the value ranges of several threads (the pool runs them on the threads there are): every value equal to one
+    # thread's
     values = importlib.import_module("torchmetrics_retrieval.functional._score_values")
     rng = np.random.default_rng(24)
     target = rng.random(9_000) < 0.2

@@ -1,11 +1,12 @@
 """The numba kernels of the values of given scores (``_trials``), compiled on first use and cached on disk.
 
-The score path is one sort plus linear passes, each kernel given a range of its tasks (chunks of scores, pieces of
-a merge, value ranges) so that the caller's threads share them (the kernels release the GIL):
+The score path is one sort plus linear passes, each kernel given a range of its tasks (chunks of scores, value
+ranges) so that the caller's threads share them (the kernels release the GIL):
 
 1. :func:`chunk_counts` counts each chunk's targets, :func:`split` copies the target and the non-target scores
    apart, and :func:`cllr_sums` adds up each chunk's Cllr terms;
-2. the caller sorts pieces of each kind (numpy's SIMD sort) and :func:`merge_pairs` merges them;
+2. :func:`above_counts` and :func:`partition` cut each kind into value ranges (one per thread), and the caller
+   sorts the ranges (numpy's SIMD sort), side by side: their concatenation is sorted, with nothing to merge;
 3. :func:`sweep` merges the sorted kinds group by group, a group being one distinct score, ascending, with its
    numbers of targets and non-targets, and reads every value at once: the EER candidate and the detection costs of
    the threshold "accept the trials scoring at least this score", the ROC AUC counts and the
@@ -84,38 +85,28 @@ def split(scores, flags, chunk, at, out, first, last):
 
 
 @njit
-def _merge_path(a, b, k):
-    """How many of the first ``k`` items of the merge of the sorted ``a`` and ``b`` come from ``a`` (``a`` first
-    on a tie)."""
-    low, high = max(0, k - b.size), min(k, a.size)
-    while low < high:
-        mid = (low + high) // 2
-        if a[mid] <= b[k - 1 - mid]:
-            low = mid + 1
-        else:
-            high = mid
-    return low
+def above_counts(src, chunk_lo, pivots, counts, first, last):
+    """``counts[c]``: the values of chunk ``c`` (``src[chunk_lo[c]:chunk_lo[c + 1]]``) at or above its pivot
+    ``pivots[c]``, for the chunks ``first`` to ``last``."""
+    for c in range(first, last):
+        p, above = pivots[c], 0
+        for i in range(chunk_lo[c], chunk_lo[c + 1]):
+            above += src[i] >= p
+        counts[c] = above
 
 
 @njit
-def merge_pairs(src, dst, bounds, parts, first, last):
-    """One round of pairwise merges: the sorted runs ``src[bounds[r]:bounds[r + 1]]`` merged two by two (runs 0 and
-    1, 2 and 3, ...) into ``dst`` at the same places, a last odd run copied. Each merge is cut into ``parts`` equal
-    pieces of its output, found by binary search along the merge path, so the threads share every merge: tasks
-    ``first`` to ``last`` of the ``(n_runs + 1) // 2 * parts`` (merge, piece) tasks."""
-    n_runs = bounds.size - 1
-    for task in range(first, last):
-        pair, part = task // parts, task % parts
-        lo, mid, hi = bounds[2 * pair], bounds[min(2 * pair + 1, n_runs)], bounds[min(2 * pair + 2, n_runs)]
-        a, b = src[lo:mid], src[mid:hi]
-        first, last = (hi - lo) * part // parts, (hi - lo) * (part + 1) // parts
-        i = _merge_path(a, b, first)
-        j = first - i
-        for o in range(lo + first, lo + last):
-            take_a = j >= b.size or (i < a.size and a[i] <= b[j])
-            dst[o] = a[i] if take_a else b[j]
-            i += take_a
-            j += 1 - take_a
+def partition(src, dst, chunk_lo, pivots, at, first, last):
+    """Copy the values of chunk ``c`` (``first`` to ``last``) into ``dst``: those below its pivot from ``at[c, 0]``
+    on, the others from ``at[c, 1]`` on (see :func:`above_counts`), without a branch on the comparison."""
+    for c in range(first, last):
+        p, i_low, i_high = pivots[c], at[c, 0], at[c, 1]
+        for i in range(chunk_lo[c], chunk_lo[c + 1]):
+            x = src[i]
+            high = x >= p
+            dst[i_high if high else i_low] = x
+            i_high += high
+            i_low += 1 - high
 
 
 @fjit

@@ -3,10 +3,10 @@
 They are those of the all-pairs path with distance = -score (``fnmr@fmr`` and ``tar@far`` at numpy's linear
 quantile, ``eer``, ``min_dcf``, ``roc_auc``; ``_pairs.quantiles``, ``_pairs.rates``), plus the ROC point nearest a
 FAR, ``act_dcf``, ``cllr`` and ``min_cllr``. Here the scores are all at hand, so they come from one sort and linear
-passes (``_score_kernels``): the target and non-target scores split apart, sorted in pieces and merged, one sweep
-over the sorted scores group by distinct score (a value range per thread), and the Cllr sums in a pass of their
-own, every pass on one pool of threads. The rates are the same int64 counts over the same totals as the all-pairs
-path's, so the same float64 values.
+passes (``_score_kernels``): the target and non-target scores split apart and cut into value ranges (one per
+thread), each range sorted, one sweep over the sorted scores group by distinct score (a value range per thread),
+and the Cllr sums in a pass of their own, every pass on one pool of threads. The rates are the same int64 counts
+over the same totals as the all-pairs path's, so the same float64 values.
 """
 
 from __future__ import annotations
@@ -104,11 +104,10 @@ def _sorted_kinds(
 ) -> tuple[np.ndarray, int]:
     """The target scores, sorted, then the non-target scores, sorted, in one array, and the number of targets.
 
-    The scores are split by kind (chunks shared out over the threads), each kind is cut into pieces of at most
-    ``n / threads`` scores, the pieces are sorted ``threads`` at a time (numpy's SIMD sort releases the GIL), and the
-    sorted pieces of a kind are merged pairwise, each merge shared out over the threads. Pieces and merges move
-    values only, so the result does not depend on the threads (but for the order of -0.0 and +0.0, which compare
-    equal)."""
+    The scores are split by kind (chunks shared out over the threads), each kind is cut into ``threads`` value
+    ranges at the same scores (:func:`_partitioned`), and the ranges are sorted ``threads`` at a time (numpy's SIMD
+    sort releases the GIL): each kind is then sorted, with nothing to merge. Every step moves values only, so the
+    result does not depend on the threads (but for the order of -0.0 and +0.0, which compare equal)."""
     n_chunks = max(1, -(-values.size // kernels.CHUNK))
     counts = np.empty((n_chunks, 2), dtype=np.int64)
     _share(pool, threads, kernels.chunk_counts, n_chunks, flags, kernels.CHUNK, counts)
@@ -117,32 +116,67 @@ def _sorted_kinds(
     at[:, 1] += n_pos
     out = np.empty_like(values)
     _share(pool, threads, kernels.split, n_chunks, values, flags, kernels.CHUNK, at, out)
-    piece = max(1, -(-values.size // threads))
-    bounds = np.unique(
-        np.concatenate([np.arange(0, n_pos, piece), np.arange(n_pos, values.size, piece), [n_pos, values.size]])
-    )
+    out, bounds = _partitioned(out, np.array([0, n_pos, values.size]), _pivots(values, threads), threads, pool, kernels)
     pieces = [out[a:b] for a, b in itertools.pairwise(bounds)]
     if pool is None:
         for p in pieces:
             p.sort()
     else:  # the largest first, for balance
         list(pool.map(np.ndarray.sort, sorted(pieces, key=len, reverse=True)))
-    spare = np.empty_like(values) if bounds.size > 3 else values[:0]
-    for kind in (bounds[bounds <= n_pos], bounds[bounds >= n_pos]):
-        src, dst = out, spare
-        while kind.size > 2:  # more than one sorted run of this kind
-            n_tasks = (kind.size // 2) * threads  # (kind.size - 1 runs: pairs, a last odd run alone)
-            _share(pool, threads, kernels.merge_pairs, n_tasks, src, dst, kind, threads)
-            src, dst, kind = dst, src, kind[::2] if kind.size % 2 else np.append(kind[::2], kind[-1])
-        if src is not out:
-            out[kind[0] : kind[-1]] = src[kind[0] : kind[-1]]
     return out, n_pos
 
 
+def _pivots(values: np.ndarray, threads: int) -> np.ndarray:
+    """``threads - 1`` scores, ascending, that cut a sample of every score into parts of equal size: the bounds of
+    the value ranges sorted side by side (of equal size, as the sort's time is the number of scores). Only the
+    balance of the threads depends on them, not a value."""
+    sample = np.sort(values[:: max(1, values.size // 4096)])
+    return sample[sample.size * np.arange(1, threads) // threads].astype(np.float64)
+
+
+def _partitioned(
+    src: np.ndarray, bounds: np.ndarray, pivots: np.ndarray, threads: int, pool: ThreadPoolExecutor | None, kernels: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """The segments ``src[bounds[s]:bounds[s + 1]]`` each cut at every pivot, segment by segment in order: the
+    array and the ``(len(bounds) - 1) * (len(pivots) + 1) + 1`` bounds of its parts.
+
+    A segment is halved at the middle one of its pivots in each round (those below it, then the others), so
+    ``log2(threads)`` rounds make every cut; a round is one count and one branch-free copy of every score, in
+    chunks shared out over the threads."""
+    segments = [(lo, hi, 0, pivots.size) for lo, hi in itertools.pairwise(bounds.tolist())]  # with their pivots
+    spare = np.empty_like(src) if pivots.size else src
+    while any(a < b for _, _, a, b in segments):
+        firsts = [np.arange(lo, hi, kernels.CHUNK) for lo, hi, _, _ in segments]
+        chunk_lo = np.concatenate([*firsts, [src.size]])
+        owner = np.repeat(np.arange(len(segments)), [f.size for f in firsts])  # each chunk's segment
+        middle = [(a + b) // 2 for _, _, a, b in segments]
+        cut = np.array([pivots[m] if a < b else np.inf for m, (_, _, a, b) in zip(middle, segments, strict=True)])
+        n_chunks = owner.size
+        above = np.empty(n_chunks, dtype=np.int64)
+        _share(pool, threads, kernels.above_counts, n_chunks, src, chunk_lo, cut[owner], above)
+        below = np.diff(chunk_lo) - above
+        first_chunk = np.cumsum([0, *(f.size for f in firsts)])[:-1][owner]  # of each chunk's segment
+        low_sizes = np.bincount(owner, weights=below, minlength=len(segments)).astype(np.int64)
+        lows = np.array([lo for lo, _, _, _ in segments])
+        at = np.empty((n_chunks, 2), dtype=np.int64)
+        for column, counted, base in ((0, below, lows), (1, above, lows + low_sizes)):
+            before = np.cumsum(counted) - counted  # in the chunks before, from the segment's first chunk on
+            at[:, column] = base[owner] + before - before[first_chunk]
+        _share(pool, threads, kernels.partition, n_chunks, src, spare, chunk_lo, cut[owner], at)
+        src, spare = spare, src
+        segments = [
+            part
+            for (lo, hi, a, b), m, n_low in zip(segments, middle, low_sizes.tolist(), strict=True)
+            for part in (((lo, lo + n_low, a, m), (lo + n_low, hi, m + 1, b)) if a < b else ((lo, hi, a, b),))
+        ]
+    return src, np.array([segments[0][0], *(hi for _, hi, _, _ in segments)], dtype=np.int64)
+
+
 def _value_ranges(tar: np.ndarray, non: np.ndarray, threads: int) -> np.ndarray:
-    """``starts[k, r]``: where value range ``r`` starts in the sorted scores of kind ``k`` (0 targets, 1
-    non-targets): ``threads`` ranges of about equal size, cut at scores taken from both kinds, so that equal scores
-    fall in one range. (Only the balance of the threads depends on them, not a value.)"""
+    """``starts[k, r]``: where value range ``r`` of the sweep starts in the sorted scores of kind ``k`` (0 targets, 1
+    non-targets): ``threads`` ranges cut at scores taken from both kinds alike, so that equal scores fall in one
+    range, and the targets, which cost the sweep most, are shared out too (not the ranges of the sort, cut by the
+    number of scores). Only the balance of the threads depends on them, not a value."""
     starts = np.zeros((2, threads + 1), dtype=np.int64)
     starts[0, -1], starts[1, -1] = tar.size, non.size
     if threads > 1:

@@ -38,7 +38,10 @@ def _check_flags(named: str, value: Any, n: int, length_of: str) -> Tensor:
         raise TypeError(f"{named} must have dtype torch.bool, got {describe(value)}.")
     if value.ndim != 1 or value.shape[0] != n:
         raise ValueError(f"{named} must be 1-D with one flag per {length_of} ({n}), got {describe(value)}.")
-    n_target = int(torch.count_nonzero(value))  # (a bool sum is far slower on CPU)
+    # (a bool sum is far slower on CPU; numpy's count there, as torch's would wake its thread pool, whose threads
+    # then spin on the cores the score passes' own threads are about to take)
+    on_cpu = value.device.type == "cpu"
+    n_target = int(np.count_nonzero(value.numpy()) if on_cpu else torch.count_nonzero(value))
     if n_target == 0 or n_target == n:
         raise ValueError(
             f"{named} must hold at least one target (True) and one non-target (False) trial, got {n_target} "
