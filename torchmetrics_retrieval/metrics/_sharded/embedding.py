@@ -23,11 +23,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from torchmetrics_retrieval.functional._beyond_k import beyond_k
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._per_query import (
     RetrievalResult,
     _ranking_values,
-    beyond_k,
     count_relevant,
     per_query_result,
     search_depth,

@@ -55,7 +55,7 @@ __all__ = ["ShardedRanks", "shard_counts", "shard_thresholds"]
 
 class ShardedRanks:
     """``relevant_ranks`` of this rank's queries ``queries`` (rows of ``shards.qg``) over a sharded set: a
-    ``RanksFn`` of ``functional._per_query``, which every rank calls with the same arguments in the same order."""
+    ``RanksFn`` of ``functional._beyond_k``, which every rank calls with the same arguments in the same order."""
 
     def __init__(self, shards: ShardedSet, options: RetrievalOptions, n_relevant: Tensor, queries: Tensor) -> None:
         qg, local, owner, row, group = shards
