@@ -133,10 +133,13 @@ def _ranking_values(
     return values
 
 
-def _search(qg: QueryGallery, options: RetrievalOptions, k: int, exact_distances: bool) -> Search:
+def _search(
+    qg: QueryGallery, options: RetrievalOptions, k: int, exact_distances: bool, lazy: bool | None = None
+) -> Search:
     """The kNN search of the problem; a set against itself takes the symmetric path (each distance once)."""
     sets = (qg.query,) if qg.same_set else (qg.query, qg.gallery)
-    lazy = lazy_float64(*sets)  # a large set: no float64 copy, only the candidates' rows are upcast
+    if lazy is None:
+        lazy = lazy_float64(*sets)  # a large set: no float64 copy, only the candidates' rows are upcast
     problem = make_problem(qg.query, qg.gallery, options.distance, qg.exclusions(), qg.same_set, lazy64=lazy)
     relevance = None
     if not exact_distances:  # the metrics need the relevance of each rank only, not the exact tie order

@@ -166,7 +166,9 @@ def _bipartite(
         return found_left, found_right
     rows = torch.cat([left[0], right[0]])
     sub = _subset(qg, rows, torch.cat([left[1], right[1]]))
-    problem = make_problem(sub.query, sub.gallery, options.distance, sub.exclusions(), True, split=left[0].numel())
+    problem = make_problem(
+        sub.query, sub.gallery, options.distance, sub.exclusions(), True, split=left[0].numel(), lazy64=True
+    )
     problem = problem._replace(caps=torch.cat([left[2], right[2]]))
     found = Search.prepare(problem, k, backend="torch", chunk_size=options.chunk_size)(torch.arange(rows.numel()))
     table = _padded(found, k, rows, left[1])
@@ -311,7 +313,7 @@ def symmetric_top_k(shards: ShardedSet, options: RetrievalOptions, k: int) -> tu
     embeddings = _local_rows(local, row[qg.query_positions[mine]])
     best = _empty(0, k, local)  # each row's candidates among the shards met so far
     if mine.numel():
-        own = _search(_subset(qg, mine, embeddings), options, k, exact_distances=True)(torch.arange(mine.numel()))
+        own = _search(_subset(qg, mine, embeddings), options, k, True, lazy=True)(torch.arange(mine.numel()))
         best = _padded(own, k, mine, local)
     for distance in range(1, world // 2 + 1):
         caps = _kth(best)  # the K-th distances among the shards met so far cap this round
