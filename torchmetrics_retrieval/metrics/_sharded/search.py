@@ -312,7 +312,7 @@ def symmetric_top_k(shards: ShardedSet, options: RetrievalOptions, k: int) -> tu
     mine = members[rank]
     embeddings = _local_rows(local, row[qg.query_positions[mine]])
     best = _empty(0, k, local)  # each row's candidates among the shards met so far
-    if mine.numel():
+    if mine.numel():  # (float64 rows read on demand: no float64 copy of the shard beside the pass's buffers)
         own = _search(_subset(qg, mine, embeddings), options, k, True, lazy=True)(torch.arange(mine.numel()))
         best = _padded(own, k, mine, local)
     for distance in range(1, world // 2 + 1):
