@@ -36,6 +36,7 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional._search.compiled.buffer import CompiledBuffer
+from torchmetrics_retrieval.functional._search.half_rows import StageRows
 from torchmetrics_retrieval.functional._search.torch_buffer import TorchBuffer
 
 __all__ = [
@@ -83,9 +84,11 @@ class BlockMemory:
         return self.memory[:size].view(n_rows, n_cols)
 
 
-def addmm_keys(query: Tensor, gallery: Tensor, bias: Tensor, alpha: float) -> KeyFn:
+def addmm_keys(query: StageRows, gallery: StageRows, bias: Tensor, alpha: float) -> KeyFn:
     """The keys ``bias[g] + alpha * <q, g>`` of query rows against gallery columns (a slice or positions),
-    each block valid until the next."""
+    each block valid until the next. Rows stored in half precision (``half_rows.BlockRows``) are made float32
+    block by block as the products need them (``query`` and ``gallery`` must then be distinct objects: each
+    block lives in its object's buffer)."""
     memory = BlockMemory()
 
     def key_fn(rows: slice, cols: slice | Tensor) -> Tensor:
@@ -178,8 +181,8 @@ def _first_thresholds(
 
 
 def stream_topk(
-    query: Tensor,
-    gallery: Tensor,
+    query: StageRows,
+    gallery: StageRows,
     bias: Tensor,
     alpha: float,
     kp: int,
@@ -195,8 +198,8 @@ def stream_topk(
     """The ``kp`` smallest keys ``bias[g] + alpha * <q, g>`` of every query against a gallery.
 
     Args:
-        query: ``(Q, D)`` prepared query rows (float32).
-        gallery: ``(G, D)`` prepared gallery rows.
+        query: ``(Q, D)`` prepared query rows (float32, or half rows made float32 per block).
+        gallery: ``(G, D)`` prepared gallery rows (likewise).
         bias: ``(G,)`` per-item bias of the key.
         alpha: the factor of the inner product (-2 for L2, -1 for dot/cosine).
         kp: number of candidates to keep.
