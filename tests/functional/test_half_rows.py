@@ -16,6 +16,7 @@ from torch.utils._pytree import tree_flatten
 
 from torchmetrics_retrieval import EmbeddingMetrics
 from torchmetrics_retrieval.functional._search import keys, plan
+from torchmetrics_retrieval.functional._search.faiss_stage import FaissStage
 from torchmetrics_retrieval.functional._search.half_rows import BlockRows
 from torchmetrics_retrieval.functional._search.keys import Float64Rows, self_dots, stage_rows
 from torchmetrics_retrieval.functional._search.problem import Problem, make_problem
@@ -165,9 +166,20 @@ def test_no_float32_or_float64_copy_of_a_half_set(
     monkeypatch.setattr(keys, "_SELF_DOTS_BYTES", 8 * DIM * 128)  # the norms' float64 blocks
     with small_blocks(monkeypatch, setup == "sweep", compiled), LargestRows(DIM) as seen:
         problem = problem_of(x, distance, setup)
-        Search.prepare(problem, K, backend="torch", precision="float32")(torch.arange(problem.query.shape[0]))
+        Search.prepare(problem, K, precision="float32")(torch.arange(problem.query.shape[0]))
     assert 0 < seen.largest[torch.float32] <= 256, seen.largest
     assert seen.largest[torch.float64] <= 256, seen.largest
+
+
+def test_half_storage_takes_the_torch_stage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``backend="auto"`` takes the torch stage for half rows where float32 rows would take faiss (which needs a
+    float32 index, a copy of the set)."""
+    monkeypatch.setattr(plan, "_forced", True)
+    x = tied_rows(N, DIM, torch.float16, seed=5)
+    none = Exclusions(None, None, None)
+    for rows, stage in [(x, TorchStage), (x.to(torch.float32), FaissStage)]:
+        problem = make_problem(rows[:400], rows[400:], "euclidean", none, False)
+        assert isinstance(Search.prepare(problem, K, precision="float32").stage, stage)
 
 
 @pytest.mark.parametrize("dtype", HALF)
