@@ -54,10 +54,12 @@ def problem_of(x: torch.Tensor, distance: str, setup: str) -> Problem:
 
 @contextmanager
 def small_blocks(monkeypatch: pytest.MonkeyPatch, sweep: bool, compiled: bool) -> Iterator[None]:
-    """Stage-1 blocks much smaller than the set (and, with ``sweep``, the symmetric buffer forced not to fit)."""
+    """Stage-1 blocks much smaller than the set, query groups smaller than the queries (and, with ``sweep``, the
+    symmetric buffer forced not to fit)."""
     with monkeypatch.context() as patch:
         patch.setattr(plan, "STAGE1_ROWS", 64)
         patch.setattr(plan, "STAGE1_COLUMNS", 256)
+        patch.setattr(plan, "HALF_QUERY_CHUNKS", 3)  # groups of 192 query rows (the last one shorter)
         patch.setattr(plan, "_forced", compiled)
         if sweep:
             patch.setattr(plan, "SYMMETRIC_BUFFER_BYTES", 0)
@@ -84,6 +86,8 @@ def test_block_rows_equal_the_whole_copy(dtype: torch.dtype, distance: str, comp
         (rows, slice(0, 256), whole[0:256]),
         (rows, slice(512, 700), whole[512:700]),
         (rows, slice(512, 700), whole[512:700]),  # the same slice again (from the buffer)
+        (rows, slice(600, 650), whole[600:650]),  # within the last slice (a view of the buffer)
+        (rows, slice(0, 100), whole[0:100]),
         (rows, positions, whole[positions]),
         (subset, slice(10, 200), whole[positions[10:200]]),
         (subset, torch.tensor([3, 3, 0]), whole[positions[[3, 3, 0]]]),

@@ -7,8 +7,11 @@ before the product. A row's float32 stage value (``keys.stage_rows``) depends on
 float32 value of each half entry, or for cosine the float32 rounding of its float64 quotient by the row's
 canonical norm. So every block holds, bit for bit, the rows of the whole copy that ``keys.stage_rows`` would make.
 
-The price is converting a gallery block again for every block of query rows it meets: one pass over ``D``
-entries per row against the ``2 * D * rows`` operations of the product it feeds.
+The price is converting a gallery block again for every group of query rows it meets: one pass over ``D``
+entries per row against the ``2 * D * rows`` operations of the products it feeds. A one-sided search makes each
+gallery block once for ``plan.HALF_QUERY_CHUNKS`` chunks of queries (``stream_topk``); the symmetric pass and sweep
+make each column block once per chunk of rows (their column blocks start after each chunk's rows, so consecutive
+chunks do not share them). For cosine a conversion also divides every entry by its row's norm in float64.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ class BlockRows:
     """The float32 stage rows of the half-precision rows ``x64`` (or of its rows ``index``), made per block.
 
     ``rows[index]`` (a slice, or positions as a long tensor) gives the float32 rows in a buffer that the next
-    call reuses (copy what must outlive it); asking for the same slice twice in a row converts it once.
+    call reuses (copy what must outlive it); a slice within the slice asked for last is a view of it, converted
+    once (ask for a group of rows first, then for its chunks).
     :meth:`write` writes them into a given tensor (for instance the columns of a wider block). :meth:`take`
     gives the stage rows of a subset, still made per block.
     """
@@ -77,6 +81,10 @@ class BlockRows:
     def __getitem__(self, index: slice | Tensor) -> Tensor:
         n, dim = self._count(index), self.shape[1]
         key = index.indices(self.shape[0]) if isinstance(index, slice) else None
+        held = self.cached
+        if key is not None and held is not None and key[2] == held[2] == 1 and held[0] <= key[0] <= key[1] <= held[1]:
+            start = key[0] - held[0]  # rows of the slice the buffer holds: a view, nothing converted
+            return self.buffer[start * dim : (start + n) * dim].view(n, dim)  # type: ignore[index]
         if self.buffer is None or self.buffer.numel() < n * dim:
             self.buffer, self.cached = torch.empty(n * dim, dtype=torch.float32, device=self.device), None
         block = self.buffer[: n * dim].view(n, dim)

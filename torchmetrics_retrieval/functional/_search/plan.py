@@ -50,6 +50,9 @@ MAX_MARGIN = 64
 #: Rows and columns of a stage-1 block of the torch backend.
 STAGE1_ROWS = 512
 STAGE1_COLUMNS = 4096
+#: Query chunks that meet each gallery block in turn when the gallery's rows are half precision, made float32 per
+#: block (``half_rows``): the block is made once for all of them (a gallery block of float32 rows is a view).
+HALF_QUERY_CHUNKS = 8
 #: Width of the segments whose minima prune a block before any exact comparison (torch buffer).
 SEGMENT = 32
 #: A transposed scan gathers its passing column segments unless more than 1 in this many pass.

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional._search.compiled.buffer import CompiledBuffer
-from torchmetrics_retrieval.functional._search.half_rows import StageRows
+from torchmetrics_retrieval.functional._search.half_rows import BlockRows, StageRows
 from torchmetrics_retrieval.functional._search.torch_buffer import TorchBuffer
 
 __all__ = [
@@ -222,13 +222,22 @@ def stream_topk(
     n_query, n_gallery = query.shape[0], gallery.shape[0]
     tau = _first_thresholds(n_query, n_gallery, key_fn, kp, mask_fn, rows_per_chunk, estimate, ceiling)
     buffer = _new_buffer(kp, tau, n_gallery, compiled)
-    for q0 in range(0, n_query, rows_per_chunk):
-        rows = slice(q0, min(q0 + rows_per_chunk, n_query))
+    # A gallery of half rows made per block serves a group of query chunks before the next block is made (made
+    # once per group, not per chunk). Each chunk still meets the same blocks in the same order, and a query's
+    # candidates depend on its own keys only, so the result is the same.
+    group = rows_per_chunk * (plan.HALF_QUERY_CHUNKS if isinstance(gallery, BlockRows) else 1)
+    for s0 in range(0, n_query, group):
+        chunks = [
+            slice(q0, min(q0 + rows_per_chunk, n_query)) for q0 in range(s0, min(s0 + group, n_query), rows_per_chunk)
+        ]
+        if isinstance(query, BlockRows) and query is not gallery:  # the group's rows made once; chunks are views
+            query[s0 : chunks[-1].stop]
         for g0 in range(0, n_gallery, cols_per_block):
             cols = slice(g0, min(g0 + cols_per_block, n_gallery))
-            keys = key_fn(rows, cols)
-            mask_fn(keys, rows, cols)
-            _add(buffer, rows, keys, g0)
+            for rows in chunks:
+                keys = key_fn(rows, cols)
+                mask_fn(keys, rows, cols)
+                _add(buffer, rows, keys, g0)
     return buffer.result()
 
 
