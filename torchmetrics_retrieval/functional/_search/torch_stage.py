@@ -12,6 +12,7 @@ from torch import Tensor
 from torchmetrics_retrieval.functional._search import low_precision, plan
 from torchmetrics_retrieval.functional._search.certify import cap_keys
 from torchmetrics_retrieval.functional._search.half_rows import BlockRows, StageRows, rows_at
+from torchmetrics_retrieval.functional._search.keys import Float64Rows
 from torchmetrics_retrieval.functional._search.problem import Candidates, Problem, rounding_terms
 from torchmetrics_retrieval.functional._search.stream_topk import BlockMemory, stream_topk, stream_topk_symmetric
 from torchmetrics_retrieval.functional._search.symmetric_sweep import SymmetricSweep
@@ -227,7 +228,9 @@ class TorchStage:
         if self.symmetric:
             query = rows_at(self.gallery, rows)
         elif self.low is not None:
-            rounded = low_precision.round_rows(problem.query64[rows], problem.query_sq64[rows], problem.distance)
+            query64 = problem.query64  # rows read on demand: rounded per block, no float64 copy of the group
+            taken = Float64Rows(query64.x[rows]) if isinstance(query64, Float64Rows) else query64[rows]
+            rounded = low_precision.round_rows(taken, problem.query_sq64[rows], problem.distance)
             query, low = rounded.rows, (rounded.error, rounded.rounded_norm)
         else:
             query = problem.stage_query_rows(rows)
