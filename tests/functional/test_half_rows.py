@@ -198,3 +198,16 @@ def test_embedding_metrics_half_storage_equal_float32_rows(dtype: torch.dtype) -
         values.append(metric.compute())
     assert values[0].keys() == values[1].keys()
     assert all(torch.equal(values[0][key], values[1][key]) for key in values[0])
+
+
+@pytest.mark.parametrize("distance", DISTANCES)
+@pytest.mark.parametrize("setup", ["leave-one-out", "query/gallery"])
+def test_half_storage_bfloat16_pass_equals_float32(monkeypatch: pytest.MonkeyPatch, distance: str, setup: str) -> None:
+    """The bfloat16 candidate pass over half rows (query groups rounded per block) gives the float32 answer."""
+    x = tied_rows(N, DIM, torch.float16, seed=7)
+    with small_blocks(monkeypatch, False, True):
+        problem = problem_of(x, distance, setup)
+        queries = torch.arange(problem.query.shape[0])
+        want = Search.prepare(problem, K, backend="torch", precision="float32")(queries)
+        got = Search.prepare(problem, K, backend="torch", precision="bfloat16")(queries)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
