@@ -211,3 +211,15 @@ def test_half_storage_bfloat16_pass_equals_float32(monkeypatch: pytest.MonkeyPat
         want = Search.prepare(problem, K, backend="torch", precision="float32")(queries)
         got = Search.prepare(problem, K, backend="torch", precision="bfloat16")(queries)
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def test_a_side_taking_every_sample_is_the_stored_set_itself() -> None:
+    """A few queries against the whole set: the gallery is the stored rows, not a copy of them."""
+    from torchmetrics_retrieval.functional._sets import _split_one_set
+
+    x = tied_rows(100, DIM, torch.float16, seed=8)
+    labels = torch.arange(100) // 5
+    is_query = torch.arange(100) < 10
+    qg = _split_one_set(x, labels, is_query, None, None, None, None)
+    assert qg.gallery is x and qg.gallery_labels is labels and torch.equal(qg.query, x[:10])
+    assert torch.equal(qg.self_index, torch.arange(10)) and not qg.same_set
