@@ -223,3 +223,22 @@ def test_a_side_taking_every_sample_is_the_stored_set_itself() -> None:
     qg = _split_one_set(x, labels, is_query, None, None, None, None)
     assert qg.gallery is x and qg.gallery_labels is labels and torch.equal(qg.query, x[:10])
     assert torch.equal(qg.self_index, torch.arange(10)) and not qg.same_set
+
+
+@pytest.mark.parametrize("distance", DISTANCES)
+@pytest.mark.parametrize("setup", ["leave-one-out", "query/gallery"])
+def test_key_blocks_of_half_rows_equal_float32_rows_without_a_copy(distance: str, setup: str) -> None:
+    """The key blocks of the passes over every pair (full-ranking counts, pair histograms) from half rows made
+    per block: the keys of the rows converted up front, bit for bit, and no float32 tensor of more than a tile."""
+    from torchmetrics_retrieval.functional._search.key_blocks import key_blocks
+
+    x = tied_rows(N, DIM, torch.float16, seed=9)
+    half, full = problem_of(x, distance, setup), problem_of(x.to(torch.float32), distance, setup)
+    rows, symmetric = torch.arange(half.query.shape[0]), setup == "leave-one-out"
+    with LargestRows(DIM) as seen:
+        got = [(block.rows, block.cols, block.keys.clone()) for block in key_blocks(half, rows, 300, symmetric)]
+    want = [(block.rows, block.cols, block.keys.clone()) for block in key_blocks(full, rows, 300, symmetric)]
+    assert len(got) == len(want) > 4
+    for (rows_a, cols_a, keys_a), (rows_b, cols_b, keys_b) in zip(got, want, strict=True):
+        assert rows_a == rows_b and cols_a == cols_b and torch.equal(keys_a, keys_b)
+    assert 0 < seen.largest[torch.float32] <= 300, seen.largest
