@@ -88,10 +88,8 @@ class EmbeddingMetrics(SampleAccumulator, PerQueryResults):
             syntax, comma-separated).
         audit_queries: queries of the exact audit of an approximate index (all of them when there are fewer).
         prefix: string put before every key of the result (e.g. ``"val/"``).
-        storage_dtype: dtype the embeddings are stored in (e.g. ``torch.float16`` halves the memory).
-            The search reads half-precision rows as stored: float32 rows one block at a time for its products,
-            float64 rows of the candidates only (``knn_backend="faiss"`` makes a float32 copy: faiss needs one).
-            None: the dtype of the first batch.
+        storage_dtype: dtype the embeddings are stored in (e.g. ``torch.float16`` halves the memory);
+            ``compute`` upcasts half precision to float32. None: the dtype of the first batch.
         distributed: under DDP, ``"shard"`` (default): each process keeps its own samples; only the small
             fields (labels, ids, dataset indexes) are gathered, and the searches move blocks of rows between
             processes, so each process holds its own embeddings plus one visiting block. A set searched against
