@@ -14,6 +14,14 @@ Each run prints, per thread count:
   search fell back to float32;
 * ``EmbeddingMetrics`` (MAP@R, cmc@1) over the set stored in ``--storage`` precision: seconds, peak RSS above
   the RSS with the stored set held, and the stored set's size.
+
+``--queries Q`` (the leave-one-out searches are skipped) makes only the first ``Q`` samples queries
+(``is_query``), each searched against the whole set (itself excluded): ``EmbeddingMetrics`` is timed with ``Q / 2``
+and with ``Q`` queries, the peak memory is that of the ``Q`` run, and the time of all ``N`` samples as queries is
+extrapolated linearly in the number of queries through the two runs, ``t(Q) + (N - Q) * (t(Q) - t(Q / 2)) / (Q / 2)``
+(what does not grow with the queries, such as the gallery's norms, counted once). Usage::
+
+    python benchmarks/bench_precision.py --n 1000000 --queries 20000 --precisions float32
 """
 
 from __future__ import annotations
@@ -77,11 +85,18 @@ def searches(x: torch.Tensor, k: int, faiss_seconds: float, precisions: Sequence
     return lines
 
 
-def stored_metrics(x: torch.Tensor, labels: torch.Tensor, storage: torch.dtype, precision: str) -> str:
+def stored_metrics(
+    x: torch.Tensor, labels: torch.Tensor, storage: torch.dtype, precision: str, queries: int | None = None
+) -> str:
+    """``EmbeddingMetrics`` over the stored set: every sample a query, or the first ``queries`` only."""
     metric = EmbeddingMetrics(
         storage_dtype=storage, search_precision=precision, cmc_top_k=1, precision_top_k=(), map_top_k=(), map_at_r=True
     )  # type: ignore[arg-type]
-    metric.update(x, labels)
+    is_query = None
+    if queries is not None:
+        is_query = torch.zeros(x.shape[0], dtype=torch.bool)
+        is_query[:queries] = True
+    metric.update(x, labels, is_query=is_query)
     held = metric.embeddings[0].numel() * metric.embeddings[0].element_size() / 2**20  # type: ignore[index]
     can_reset = reset_peak_memory()
     base, _ = memory_mib()
@@ -89,10 +104,25 @@ def stored_metrics(x: torch.Tensor, labels: torch.Tensor, storage: torch.dtype, 
     _, peak = memory_mib()
     working = f"{peak - base:.0f} MiB" if can_reset else "not measured"
     shown = ", ".join(f"{key} {float(value):.4f}" for key, value in values.items())
+    asked = "" if queries is None else f", {queries:,} queries"
     return (
-        f"  EmbeddingMetrics {storage} storage ({held:.0f} MiB), search {precision}: {seconds:.2f} s, "
+        f"  EmbeddingMetrics {storage} storage ({held:.0f} MiB){asked}, search {precision}: {seconds:.2f} s, "
         f"peak above the stored set {working}; {shown}"
     )
+
+
+def extrapolated_queries(x: torch.Tensor, labels: torch.Tensor, storage: torch.dtype, precision: str, q: int) -> str:
+    """``EmbeddingMetrics`` with ``q // 2`` and ``q`` queries, and the time of every sample as a query extrapolated
+    linearly in the number of queries through the two runs."""
+    half, full = (stored_metrics(x, labels, storage, precision, count) for count in (q // 2, q))
+
+    def seconds(line: str) -> float:
+        return float(line.split(f"search {precision}: ")[1].split(" s,")[0])
+
+    per_query = (seconds(full) - seconds(half)) / (q - q // 2)
+    whole = seconds(full) + (x.shape[0] - q) * per_query
+    how = f"t({q:,}) + ({x.shape[0]:,} - {q:,}) x (t({q:,}) - t({q // 2:,})) / {q - q // 2:,}"
+    return f"{half}\n{full}\n  extrapolated to {x.shape[0]:,} queries: {whole:.1f} s = {how}"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -104,6 +134,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--storage", choices=sorted(STORAGE), default="float16")
     parser.add_argument("--skip-search", action="store_true", help="only the products and EmbeddingMetrics")
     parser.add_argument(
+        "--queries", type=int, help="only this many queries (against the whole set), extrapolated to every sample"
+    )
+    parser.add_argument(
         "--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS), help="the first is the reference"
     )
     args = parser.parse_args(argv)
@@ -114,12 +147,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         set_threads(threads)
         print(f"{threads} thread(s), auto chooses {low_precision.resolve('auto', x.device)}", flush=True)
         print(products(args.dim), flush=True)
-        if not args.skip_search:
+        if not (args.skip_search or args.queries):
             faiss_seconds = bare_faiss(x, args.k)
             print(f"  bare faiss        {faiss_seconds:8.2f} s", flush=True)
             print("\n".join(searches(x, args.k, faiss_seconds, args.precisions)), flush=True)
         for precision in args.precisions:
-            print(stored_metrics(x, labels, STORAGE[args.storage], precision), flush=True)
+            if args.queries:
+                print(extrapolated_queries(x, labels, STORAGE[args.storage], precision, args.queries), flush=True)
+            else:
+                print(stored_metrics(x, labels, STORAGE[args.storage], precision), flush=True)
 
 
 if __name__ == "__main__":

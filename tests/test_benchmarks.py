@@ -160,3 +160,8 @@ def test_precision_benchmark_prints_every_precision_faiss_and_memory(capsys: pyt
         assert f"knn {name:<8}" in out and "identical True" in out
     assert "undecided after round 1" in out
     assert out.count("EmbeddingMetrics torch.float16 storage") == 3 and "peak above the stored set" in out
+    # a subset of the queries against the whole set, timed twice and extrapolated to every sample as a query
+    precision.main(["--n", "400", "--dim", "16", "--threads", "1", "--queries", "100", "--precisions", "float32"])
+    out = capsys.readouterr().out
+    assert "bare faiss" not in out and "100 queries" in out and "50 queries" in out, out
+    assert "extrapolated to 400 queries" in out, out

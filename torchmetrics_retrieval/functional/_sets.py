@@ -195,11 +195,13 @@ def _split_one_set(
     position_in_gallery = torch.full((n,), -1, dtype=torch.long, device=device)
     position_in_gallery[gallery_positions] = torch.arange(gallery_positions.numel(), device=device)
     same_set = is_query is None and is_gallery is None  # then no copy of the rows: both sides are ``x``
+    # a side that takes every sample is ``x`` itself, not a copy (e.g. a few queries against the whole set)
+    every_query, every_item = same_set or query_positions.numel() == n, same_set or gallery_positions.numel() == n
     return QueryGallery(
-        query=x if same_set else x[query_positions],
-        query_labels=labels if same_set else labels[query_positions],
-        gallery=x if same_set else x[gallery_positions],
-        gallery_labels=labels if same_set else labels[gallery_positions],
+        query=x if every_query else x[query_positions],
+        query_labels=labels if every_query else labels[query_positions],
+        gallery=x if every_item else x[gallery_positions],
+        gallery_labels=labels if every_item else labels[gallery_positions],
         self_index=position_in_gallery[query_positions],
         query_positions=query_positions,
         gallery_positions=gallery_positions,

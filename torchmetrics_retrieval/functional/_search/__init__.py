@@ -12,6 +12,7 @@ The pipeline, one stage per module, imports in one direction (each module import
     plan.py           every tuning constant (block sizes, margins, sample sizes, buffer budgets), the
        |              backend choice, and the one decision "compiled kernels or torch passes?"
     keys.py           rows, canonical float64 products and distances, the float32 order key
+    half_rows.py      a set stored in float16/bfloat16: its float32 stage rows made block by block (no copy)
     blocks.py         the distance matrix in memory-bounded blocks (distance_blocks)
     problem.py        Problem: rows in float64, canonical norms, eligible counts; Candidates of a stage
        |

@@ -61,14 +61,16 @@ def key_blocks(
 ) -> Iterator[KeyBlock]:
     """Blocks of stage-1 keys of the queries ``rows`` (``symmetric``: every query, the set against itself);
     ``first_rows_only``: only the blocks of the first tile of rows, against every column (a sample)."""
-    gallery, gallery_sq = problem.stage_gallery()
+    gallery, gallery_sq = problem.stage_gallery_rows()  # half rows: made float32 per block, not copied
     n_rows, n_cols = rows.numel(), gallery.shape[0]
     keys: Callable[[slice, slice], Tensor]
     if symmetric:
         keys = SymmetricKeys(gallery, None if gallery_sq is None else gallery_sq / 2)
     else:
-        bias = gallery_sq if gallery_sq is not None else torch.zeros_like(gallery[:, 0])
-        keys = addmm_keys(problem.stage_query(rows), gallery, bias, -2.0 if gallery_sq is not None else -1.0)
+        bias = gallery_sq
+        if bias is None:
+            bias = torch.zeros(n_cols, dtype=torch.float32, device=gallery.device)
+        keys = addmm_keys(problem.stage_query_rows(rows), gallery, bias, -2.0 if gallery_sq is not None else -1.0)
     schedule = TileSchedule.of(n_rows, n_cols, chunk_size, symmetric)
     for rs, cs in schedule.tiles(first_rows_only):
         with ieee_float32_matmul():

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._search import plan
+from torchmetrics_retrieval.functional._search.half_rows import HALF_DTYPES, BlockRows, StageRows, half_rows
 from torchmetrics_retrieval.functional._search.keys import Float64Rows, Rows64, self_dots, stage_rows
 from torchmetrics_retrieval.functional._search.types import Exclusions
 
@@ -64,7 +65,28 @@ class Problem(NamedTuple):
 
     def stage_query(self, rows: Tensor) -> Tensor:
         """The float32 stage-1 rows of the queries ``rows`` (see :func:`stage_rows`)."""
-        return stage_rows(self.query64[rows], self.query_sq64[rows], self.distance, self.compiled)[0]
+        query64 = self.query64
+        if isinstance(query64, Float64Rows):  # no float64 temporary of the rows: ``stage_rows`` reads them per block
+            return stage_rows(Float64Rows(query64.x[rows]), self.query_sq64[rows], self.distance, self.compiled)[0]
+        return stage_rows(query64[rows], self.query_sq64[rows], self.distance, self.compiled)[0]
+
+    def stage_query_rows(self, rows: Tensor) -> StageRows:
+        """The stage-1 rows of the queries ``rows`` for the torch stage: made per block from half-precision rows
+        (:class:`~.half_rows.BlockRows`), else :meth:`stage_query`."""
+        if half_rows(self.query64):
+            assert isinstance(self.query64, Float64Rows)
+            return BlockRows(self.query64, self.query_sq64, self.distance, self.compiled, rows)
+        return self.stage_query(rows)
+
+    def stage_gallery_rows(self) -> tuple[StageRows, Tensor | None]:
+        """The stage-1 gallery rows and float32 squared norms (L2 only) for the torch stage: made per block from
+        half-precision rows (no float32 copy of the gallery), else :meth:`stage_gallery`."""
+        if half_rows(self.gallery64):
+            assert isinstance(self.gallery64, Float64Rows)
+            l2 = self.distance in ("euclidean", "sqeuclidean")
+            rows = BlockRows(self.gallery64, self.gallery_sq64, self.distance, self.compiled)
+            return rows, self.gallery_sq64.to(torch.float32) if l2 else None
+        return self.stage_gallery()
 
     def stage_gallery(self) -> tuple[Tensor, Tensor | None]:
         """The float32 stage-1 gallery rows and squared norms (L2 only); from the gallery cache when it holds them
@@ -96,7 +118,9 @@ def make_problem(
     symmetric stage computes the rectangle between them once and serves both sets from it.
 
     ``lazy64``: the float64 rows are read on demand (:class:`~.keys.Float64Rows`) instead of copied, for a
-    float32 set too large to hold twice more (the values are the same).
+    float32 set too large to hold twice more (the values are the same). Half-precision rows (float16, bfloat16)
+    are always read on demand: the canonical stage upcasts only the candidates' rows, and the torch stage makes
+    its float32 rows block by block (:meth:`Problem.stage_gallery_rows`).
 
     ``gallery_cache`` (a separate gallery): the gallery's norms and stage rows shared with the other problems of
     the same gallery (e.g. the searches of several query chunks and their full-ranking counts), computed once.
@@ -105,7 +129,8 @@ def make_problem(
     no row may be too large for float32 keys, nor all-zero with ``distance="cosine"``. ``names`` are the
     arguments that the user gave as the query and the gallery, for the error messages.
     """
-    as64 = Float64Rows if lazy64 and query.dtype != torch.float64 else (lambda x: x.to(torch.float64))
+    lazy = (lazy64 or query.dtype in HALF_DTYPES or gallery.dtype in HALF_DTYPES) and query.dtype != torch.float64
+    as64 = Float64Rows if lazy else (lambda x: x.to(torch.float64))
     query64: Rows64 = as64(query)
     gallery64: Rows64 = query64 if same_set else as64(gallery)
     query_sq64 = self_dots(query64)

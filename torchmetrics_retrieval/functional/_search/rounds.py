@@ -14,6 +14,7 @@ from torchmetrics_retrieval.functional._progress import advance
 from torchmetrics_retrieval.functional._search import low_precision, plan
 from torchmetrics_retrieval.functional._search.certify import rank
 from torchmetrics_retrieval.functional._search.faiss_stage import FaissStage
+from torchmetrics_retrieval.functional._search.half_rows import half_rows
 from torchmetrics_retrieval.functional._search.problem import Problem
 from torchmetrics_retrieval.functional._search.torch_stage import TorchStage
 from torchmetrics_retrieval.functional._search.types import KNNResult, RelevanceFn
@@ -69,6 +70,7 @@ class Search(NamedTuple):
             symmetric=problem.symmetric,
             # faiss cannot restrict a search to a group, nor to the other side of a bipartite search
             groups=problem.exclusions.search_groups is not None or problem.split is not None,
+            half=half_rows(problem.gallery64),  # faiss would need a float32 copy of the gallery
         )
         stage: TorchStage | FaissStage
         if engine == "torch" and bf16:

@@ -36,6 +36,7 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional._search.compiled.buffer import CompiledBuffer
+from torchmetrics_retrieval.functional._search.half_rows import BlockRows, StageRows
 from torchmetrics_retrieval.functional._search.torch_buffer import TorchBuffer
 
 __all__ = [
@@ -83,9 +84,11 @@ class BlockMemory:
         return self.memory[:size].view(n_rows, n_cols)
 
 
-def addmm_keys(query: Tensor, gallery: Tensor, bias: Tensor, alpha: float) -> KeyFn:
+def addmm_keys(query: StageRows, gallery: StageRows, bias: Tensor, alpha: float) -> KeyFn:
     """The keys ``bias[g] + alpha * <q, g>`` of query rows against gallery columns (a slice or positions),
-    each block valid until the next."""
+    each block valid until the next. Rows stored in half precision (``half_rows.BlockRows``) are made float32
+    block by block as the products need them (``query`` and ``gallery`` must then be distinct objects: each
+    block lives in its object's buffer)."""
     memory = BlockMemory()
 
     def key_fn(rows: slice, cols: slice | Tensor) -> Tensor:
@@ -178,8 +181,8 @@ def _first_thresholds(
 
 
 def stream_topk(
-    query: Tensor,
-    gallery: Tensor,
+    query: StageRows,
+    gallery: StageRows,
     bias: Tensor,
     alpha: float,
     kp: int,
@@ -195,8 +198,8 @@ def stream_topk(
     """The ``kp`` smallest keys ``bias[g] + alpha * <q, g>`` of every query against a gallery.
 
     Args:
-        query: ``(Q, D)`` prepared query rows (float32).
-        gallery: ``(G, D)`` prepared gallery rows.
+        query: ``(Q, D)`` prepared query rows (float32, or half rows made float32 per block).
+        gallery: ``(G, D)`` prepared gallery rows (likewise).
         bias: ``(G,)`` per-item bias of the key.
         alpha: the factor of the inner product (-2 for L2, -1 for dot/cosine).
         kp: number of candidates to keep.
@@ -219,13 +222,22 @@ def stream_topk(
     n_query, n_gallery = query.shape[0], gallery.shape[0]
     tau = _first_thresholds(n_query, n_gallery, key_fn, kp, mask_fn, rows_per_chunk, estimate, ceiling)
     buffer = _new_buffer(kp, tau, n_gallery, compiled)
-    for q0 in range(0, n_query, rows_per_chunk):
-        rows = slice(q0, min(q0 + rows_per_chunk, n_query))
+    # A gallery of half rows made per block serves a group of query chunks before the next block is made (made
+    # once per group, not per chunk). Each chunk still meets the same blocks in the same order, and a query's
+    # candidates depend on its own keys only, so the result is the same.
+    group = rows_per_chunk * (plan.HALF_QUERY_CHUNKS if isinstance(gallery, BlockRows) else 1)
+    for s0 in range(0, n_query, group):
+        chunks = [
+            slice(q0, min(q0 + rows_per_chunk, n_query)) for q0 in range(s0, min(s0 + group, n_query), rows_per_chunk)
+        ]
+        if isinstance(query, BlockRows) and query is not gallery:  # the group's rows made once; chunks are views
+            query[s0 : chunks[-1].stop]
         for g0 in range(0, n_gallery, cols_per_block):
             cols = slice(g0, min(g0 + cols_per_block, n_gallery))
-            keys = key_fn(rows, cols)
-            mask_fn(keys, rows, cols)
-            _add(buffer, rows, keys, g0)
+            for rows in chunks:
+                keys = key_fn(rows, cols)
+                mask_fn(keys, rows, cols)
+                _add(buffer, rows, keys, g0)
     return buffer.result()
 
 

@@ -11,6 +11,8 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional._search import low_precision, plan
 from torchmetrics_retrieval.functional._search.certify import cap_keys
+from torchmetrics_retrieval.functional._search.half_rows import BlockRows, StageRows, rows_at
+from torchmetrics_retrieval.functional._search.keys import Float64Rows
 from torchmetrics_retrieval.functional._search.problem import Candidates, Problem, rounding_terms
 from torchmetrics_retrieval.functional._search.stream_topk import BlockMemory, stream_topk, stream_topk_symmetric
 from torchmetrics_retrieval.functional._search.symmetric_sweep import SymmetricSweep
@@ -25,26 +27,50 @@ class SymmetricKeys:
     left rows are made for one row block at a time), or ``-<x_i, x_j>`` (dot, cosine, from ``x`` alone).
     Each block is valid until the next (:class:`BlockMemory`).
 
+    Rows stored in half precision (:class:`~.half_rows.BlockRows`) are not copied: the right rows ``[x, h, 1]``
+    of a block are made for that block, in one buffer, with the values of the copy.
+
     The product sums ``D + 2`` terms of total size ``(|x_i| + |x_j|)^2 / 2``, as in ``certify.key_tolerance``'s
     symmetric case; the keys of (i, j) and (j, i) may differ by rounding, each within that bound.
     """
 
-    def __init__(self, x: Tensor, half_sq: Tensor | None) -> None:
+    def __init__(self, x: StageRows, half_sq: Tensor | None) -> None:
         self.dim = x.shape[1]
-        self.rows = x if half_sq is None else torch.cat([x, half_sq[:, None], torch.ones_like(x[:, :1])], dim=1)
+        self.half_sq = half_sq
+        self.source = x if isinstance(x, BlockRows) else None
+        self.rows: Tensor | None = None
+        if isinstance(x, Tensor):
+            self.rows = x if half_sq is None else torch.cat([x, half_sq[:, None], torch.ones_like(x[:, :1])], dim=1)
         self.memory = BlockMemory()
+        self.wide = BlockMemory()  # the right rows ``[x, h, 1]`` of a block made from half rows
         self.left: tuple[slice | None, Tensor | None] = (None, None)  # the left rows of the last row block
 
     @property
-    def x(self) -> Tensor:
-        """The rows ``x`` (a view)."""
+    def x(self) -> StageRows:
+        """The rows ``x`` (a view, or the half rows made per block)."""
+        if self.source is not None:
+            return self.source
+        assert self.rows is not None
         return self.rows[:, : self.dim]
+
+    def _right_rows(self, cols: slice | Tensor) -> Tensor:
+        if self.rows is not None:
+            return self.rows[cols]
+        assert self.source is not None
+        if self.half_sq is None:
+            return self.source[cols]
+        count = len(range(*cols.indices(self.source.shape[0]))) if isinstance(cols, slice) else cols.numel()
+        right = self.wide(count, self.dim + 2, self.half_sq)
+        self.source.write(cols, right[:, : self.dim])
+        right[:, self.dim] = self.half_sq[cols]
+        right[:, self.dim + 1] = 1.0
+        return right
 
     def _left_rows(self, rows: slice) -> Tensor:
         cached_rows, left = self.left
         if left is None or cached_rows != rows:
-            right = self.rows[rows]
-            if self.rows.shape[1] == self.dim:
+            right = self._right_rows(rows)
+            if right.shape[1] == self.dim:
                 left = -right
             else:  # [-x, 1, h] from [x, h, 1]
                 left = torch.cat([-right[:, : self.dim], right[:, [self.dim + 1, self.dim]]], dim=1)
@@ -52,7 +78,7 @@ class SymmetricKeys:
         return left
 
     def __call__(self, rows: slice, cols: slice | Tensor) -> Tensor:
-        left, right = self._left_rows(rows), self.rows[cols]
+        left, right = self._left_rows(rows), self._right_rows(cols)
         return torch.mm(left, right.T, out=self.memory(left.shape[0], right.shape[0], left))
 
 
@@ -74,13 +100,14 @@ class TorchStage:
     def __init__(self, problem: Problem, chunk_size: int | None, precision: str = "float32") -> None:
         self.problem, self.chunk_size, self.precision = problem, chunk_size, precision
         self.low: low_precision.BFloat16Rows | None = None
+        gallery: StageRows
         if precision == "bfloat16":
             self.low = low_precision.round_rows(problem.gallery64, problem.gallery_sq64, problem.distance)
             gallery = self.low.rows
             l2 = problem.distance in ("euclidean", "sqeuclidean")
             gallery_sq = problem.gallery_sq64.to(torch.float32) if l2 else None
         else:
-            gallery, gallery_sq = problem.stage_gallery()
+            gallery, gallery_sq = problem.stage_gallery_rows()
         zeros = torch.zeros(gallery.shape[0], dtype=torch.float32, device=gallery.device)
         self.bias = gallery_sq if gallery_sq is not None else zeros
         self.alpha = -2.0 if gallery_sq is not None else -1.0
@@ -91,6 +118,7 @@ class TorchStage:
         if self.symmetric:  # one copy of the rows serves the symmetric keys and, as a view, the other rounds
             half = None if gallery_sq is None else gallery_sq / 2
             if self.low is not None:
+                assert isinstance(gallery, Tensor)
                 self.symmetric_keys = low_precision.BFloat16SymmetricKeys(gallery, half)
             else:
                 self.symmetric_keys = SymmetricKeys(gallery, half)
@@ -196,14 +224,20 @@ class TorchStage:
     def _search(self, rows: Tensor, kp: int, estimate: bool) -> Candidates:
         problem = self.problem
         low = self._own_rounding(rows) if self.symmetric else None
+        query: StageRows
         if self.symmetric:
-            query = self.gallery[rows]
+            query = rows_at(self.gallery, rows)
         elif self.low is not None:
-            rounded = low_precision.round_rows(problem.query64[rows], problem.query_sq64[rows], problem.distance)
+            query64 = problem.query64  # rows read on demand: rounded per block, no float64 copy of the group
+            taken = Float64Rows(query64.x[rows]) if isinstance(query64, Float64Rows) else query64[rows]
+            rounded = low_precision.round_rows(taken, problem.query_sq64[rows], problem.distance)
             query, low = rounded.rows, (rounded.error, rounded.rounded_norm)
         else:
-            query = problem.stage_query(rows)
-        key_fn = None if self.low is None else low_precision.BFloat16Keys(query, self.gallery, self.bias, self.alpha)
+            query = problem.stage_query_rows(rows)
+        key_fn = None
+        if self.low is not None:
+            assert isinstance(query, Tensor) and isinstance(self.gallery, Tensor)
+            key_fn = low_precision.BFloat16Keys(query, self.gallery, self.bias, self.alpha)
         mask = functools.partial(problem.exclusions.take(rows).fill_excluded_, value=float("inf"))
         found = stream_topk(
             query,
