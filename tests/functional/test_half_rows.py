@@ -27,6 +27,8 @@ from torchmetrics_retrieval.functional._search.types import Exclusions
 DISTANCES = ["euclidean", "sqeuclidean", "cosine", "dot"]
 HALF = [torch.float16, torch.bfloat16]
 COMPILED = [True, False] if plan.HAS_NUMBA else [False]
+#: ``(setup, compiled)``: the symmetric sweep runs on the compiled kernels only.
+SETUPS = [(s, c) for s in ("leave-one-out", "query/gallery", "sweep") for c in COMPILED if s != "sweep" or c]
 N, DIM, K = 1500, 24, 9
 
 
@@ -114,15 +116,12 @@ def run(problem: Problem, k: int, sweep: bool) -> tuple[Any, ...]:
 
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("distance", DISTANCES)
-@pytest.mark.parametrize("setup", ["leave-one-out", "query/gallery", "sweep"])
-@pytest.mark.parametrize("compiled", COMPILED)
+@pytest.mark.parametrize(("setup", "compiled"), SETUPS)
 def test_half_storage_search_equals_float32_rows_up_front(
     monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, distance: str, setup: str, compiled: bool
 ) -> None:
     """Half rows made float32 per block against the same rows converted to float32 before the search: the same
     neighbours, distances and validity, and the same stage-1 candidates, keys and floors."""
-    if setup == "sweep" and not compiled:
-        pytest.skip("the sweep takes the compiled kernels")
     x = tied_rows(N, DIM, dtype, seed=3)
     with small_blocks(monkeypatch, setup == "sweep", compiled):
         half = problem_of(x, distance, setup)
@@ -151,8 +150,7 @@ class LargestRows(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("distance", DISTANCES)
-@pytest.mark.parametrize("setup", ["leave-one-out", "query/gallery", "sweep"])
-@pytest.mark.parametrize("compiled", COMPILED)
+@pytest.mark.parametrize(("setup", "compiled"), SETUPS)
 def test_no_float32_or_float64_copy_of_a_half_set(
     monkeypatch: pytest.MonkeyPatch, distance: str, setup: str, compiled: bool
 ) -> None:
@@ -162,8 +160,6 @@ def test_no_float32_or_float64_copy_of_a_half_set(
     one.) Gaussian rows: the canonical stage also gathers the float64 rows of its near-duplicate candidate pairs
     (``certify``), and the gallery sample of a round's first thresholds, which grows with the candidates per
     query; both stay far below a block here, as they do when few queries need later rounds."""
-    if setup == "sweep" and not compiled:
-        pytest.skip("the sweep takes the compiled kernels")
     g = torch.Generator().manual_seed(4)
     x = (torch.randn(N, DIM, generator=g) * torch.exp(torch.randn(N, 1, generator=g))).to(torch.float16)
     monkeypatch.setattr(keys, "_LAZY_PAIRS", 128)  # the canonical stage's gathered rows
