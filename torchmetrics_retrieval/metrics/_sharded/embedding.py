@@ -84,8 +84,8 @@ def sharded_ranking(shards: ShardedSet, options: RetrievalOptions) -> tuple[dict
     gathered = gather_rows(table, group)
     order = torch.argsort(gathered.pop("_rows"))
     gathered = {key: value[order] for key, value in gathered.items()}
-    found = KNNResult(*(gathered.pop(key) for key in ("_d", "_i", "_v")))
-    result = per_query_result(qg, options, gathered, n_relevant, found, gathered.pop("_h"))
+    found, hits = KNNResult(*(gathered.pop(key) for key in ("_d", "_i", "_v"))), gathered.pop("_h")
+    result = per_query_result(qg, options, gathered, n_relevant, found, hits)  # (what is left: the values)
     metrics = reduce_per_query(result, options)
     if options.fpir_vals:
         first_valid, first_hit = result.valid[:, 0], result.is_relevant[:, 0] & result.valid[:, 0]
