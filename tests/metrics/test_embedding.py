@@ -117,7 +117,7 @@ def test_two_column_labels_cosine_and_float64() -> None:
     assert "cmc/1/class/0_1" in result
 
 
-def test_storage_dtype_halves_memory_and_upcasts() -> None:
+def test_storage_dtype_halves_memory_and_reports_float32() -> None:
     data = make_data(n=30, seed=4)  # small integers: exact in float16
     data = pick(data, ("is_query",))
     metric = feed(EmbeddingMetrics(storage_dtype=torch.float16, **ALL_RANKING), data, "random")

@@ -18,16 +18,22 @@ from torchmetrics_retrieval.functional._options import RetrievalOptions, Unpack
 from torchmetrics_retrieval.functional._per_query import RetrievalResult, count_relevant, per_query, search_depth
 from torchmetrics_retrieval.functional._progress import shown
 from torchmetrics_retrieval.functional._reduce import reduce_per_query
+from torchmetrics_retrieval.functional._search.half_rows import values_dtype
 from torchmetrics_retrieval.functional._search.types import KNNResult
 from torchmetrics_retrieval.functional._sets import QueryGallery, SampleFields, split_query_gallery
 from torchmetrics_retrieval.functional.identification import _dir_at_fpir_compute
 from torchmetrics_retrieval.functional.reduction import label_names
 
 
+def _unit_rows(x: Tensor) -> Tensor:
+    """``x`` L2-normalised in the dtype of its distances (float32 for half-precision rows: a copy either way)."""
+    return torch.nn.functional.normalize(x.to(values_dtype(x)), dim=1)
+
+
 def _normalized(qg: QueryGallery) -> QueryGallery:
     """The problem with L2-normalised rows (a set searched against itself stays one tensor)."""
-    query = torch.nn.functional.normalize(qg.query, dim=1)
-    gallery = query if qg.gallery is qg.query else torch.nn.functional.normalize(qg.gallery, dim=1)
+    query = _unit_rows(qg.query)
+    gallery = query if qg.gallery is qg.query else _unit_rows(qg.gallery)
     return qg._replace(query=query, gallery=gallery)
 
 
@@ -38,7 +44,7 @@ def _every_sample(qg: QueryGallery, whole_set: Tensor | None, normalize: bool) -
         return torch.cat([qg.query, qg.gallery])
     if qg.same_set or not normalize:
         return qg.query if qg.same_set else whole_set
-    return torch.nn.functional.normalize(whole_set, dim=1)
+    return _unit_rows(whole_set)
 
 
 def _extra_metrics(

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional._checks import describe
 from torchmetrics_retrieval.functional._options import RetrievalOptions
+from torchmetrics_retrieval.functional._search.half_rows import values_dtype
 from torchmetrics_retrieval.functional._search.types import KNNResult
 from torchmetrics_retrieval.functional._sets import QueryGallery
 
@@ -105,11 +106,12 @@ def given_neighbours(
     indices = torch.zeros(n_query, width, dtype=torch.long, device=device)
     indices[:, : table.shape[1]] = torch.where(valid, items, 0)
     valid = torch.nn.functional.pad(valid, (0, width - table.shape[1]), value=False)
-    reported = torch.full((n_query, width), float("inf"), dtype=qg.query.dtype, device=device)
+    dtype = values_dtype(qg.query)
+    reported = torch.full((n_query, width), float("inf"), dtype=dtype, device=device)
     rows, cols = torch.nonzero(valid, as_tuple=True)
     if distances is not None:
-        reported[rows, cols] = distances.to(device, qg.query.dtype)[rows, cols]
+        reported[rows, cols] = distances.to(device, dtype)[rows, cols]
     else:
         pairs = pair_distances(qg.query, qg.gallery, rows, indices[rows, cols], distance)
-        reported[rows, cols] = pairs.to(qg.query.dtype)
+        reported[rows, cols] = pairs.to(dtype)
     return KNNResult(reported, indices, valid)

@@ -27,6 +27,7 @@ from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._progress import section
 from torchmetrics_retrieval.functional._ranks.count import relevant_ranks
 from torchmetrics_retrieval.functional._search.certify import canonical_distances
+from torchmetrics_retrieval.functional._search.half_rows import values_dtype
 from torchmetrics_retrieval.functional._search.plan import lazy_float64, symmetric_search_fits
 from torchmetrics_retrieval.functional._search.problem import make_problem
 from torchmetrics_retrieval.functional._search.rounds import Search
@@ -237,7 +238,7 @@ def _nearest_distances(qg: QueryGallery, options: RetrievalOptions, items: Tenso
     lazy = lazy_float64(*((qg.query,) if qg.same_set else (qg.query, qg.gallery)))
     problem = make_problem(qg.query, qg.gallery, options.distance, qg.exclusions(), qg.same_set, lazy64=lazy)
     rows = torch.arange(qg.query.shape[0], device=qg.query.device)
-    distances = canonical_distances(problem, rows, rows, items).to(qg.query.dtype)
+    distances = canonical_distances(problem, rows, rows, items).to(problem.dtype)
     return distances.masked_fill(~found, float("inf"))
 
 
@@ -286,7 +287,7 @@ def per_query(
         or (qg.same_set and symmetric_search_fits(n_query, k))
     )
     empty = KNNResult(
-        torch.zeros(n_query, 0, dtype=qg.query.dtype, device=device),
+        torch.zeros(n_query, 0, dtype=values_dtype(qg.query), device=device),
         torch.zeros(n_query, 0, dtype=torch.long, device=device),
         torch.zeros(n_query, 0, dtype=torch.bool, device=device),
     )

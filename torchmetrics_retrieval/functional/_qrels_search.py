@@ -31,6 +31,7 @@ from torchmetrics_retrieval.functional._qrels_inputs import QrelsTable
 from torchmetrics_retrieval.functional._qrels_values import expected_reciprocal_rank
 from torchmetrics_retrieval.functional._ranks.count import _count_before, _Thresholds
 from torchmetrics_retrieval.functional._search.certify import canonical_distances, order_by_distance_then_position
+from torchmetrics_retrieval.functional._search.half_rows import values_dtype
 from torchmetrics_retrieval.functional._search.problem import GalleryCache, Problem, make_problem
 from torchmetrics_retrieval.functional._search.rounds import Search
 from torchmetrics_retrieval.functional._search.types import Exclusions, KNNResult
@@ -144,7 +145,7 @@ class BlockedCorpus:
             best = listed if best is None else _merge([best, listed], width)
         if best is None:  # no row here (or no query)
             best = (
-                torch.zeros((n, 0), dtype=self.query.dtype, device=device),
+                torch.zeros((n, 0), dtype=values_dtype(self.query), device=device),
                 torch.zeros((n, 0), dtype=torch.long, device=device),
                 torch.zeros((n, 0), dtype=torch.bool, device=device),
             )

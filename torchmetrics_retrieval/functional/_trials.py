@@ -129,15 +129,16 @@ def _template_rows(part: str, value: Tensor, ids: Tensor) -> Tensor:
 
 
 def trial_scores(embeddings: Tensor, enrol: Tensor, test: Tensor, distance: str, chunk_size: int | None) -> Tensor:
-    """``-distance`` of every trial, in the embeddings' dtype: the canonical distance (the value ``knn`` reports),
-    computed pair by pair, ``chunk_size`` trials at a time; never more than a block of trials' rows at once."""
+    """``-distance`` of every trial, in the embeddings' dtype (float32 for half precision, whose distances rounded
+    to float16 would tie trials that differ): the canonical distance (the value ``knn`` reports), computed pair by
+    pair, ``chunk_size`` trials at a time; never more than a block of trials' rows at once."""
     none = Exclusions(None, None, None)
     # float64 rows read on demand: no float64 copy of the embeddings (only their float64 squared norms)
     problem = make_problem(embeddings, embeddings, distance, none, True, ("embeddings", "embeddings"), lazy64=True)
     rows = torch.arange(embeddings.shape[0], device=embeddings.device)
-    out = torch.empty(enrol.shape[0], dtype=embeddings.dtype, device=embeddings.device)
+    out = torch.empty(enrol.shape[0], dtype=problem.dtype, device=embeddings.device)
     step = chunk_size or TRIAL_BLOCK
     for start in range(0, enrol.shape[0], step):
         block = slice(start, start + step)
-        out[block] = canonical_distances(problem, rows, enrol[block], test[block]).to(embeddings.dtype)
+        out[block] = canonical_distances(problem, rows, enrol[block], test[block]).to(problem.dtype)
     return out.neg_()

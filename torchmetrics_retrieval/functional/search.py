@@ -341,7 +341,8 @@ def _checked_search(
         gallery_,
         one_set=same_set,
     )
-    problem = make_problem(query, gallery_, distance, exclusions, same_set)
+    # the documented dtype of knn's distances is the query's, half precision included
+    problem = make_problem(query, gallery_, distance, exclusions, same_set, dtype=query.dtype)
     return Search.prepare(
         problem, k, backend=backend, chunk_size=chunk_size, exact_distances=exact_distances, precision=search_precision
     )

@@ -15,7 +15,7 @@ A metric that keeps every sample (``EmbeddingMetrics``, ``FNMRAtFMR``, ...) subc
   one row per distinct index, ordered by index, so results do not depend on the number of processes.
 
 The helpers below it serve every metric class, including those that keep sums instead of samples
-(``PCF``): :func:`upcast_half`, :func:`cast_like_first`, :func:`non_empty_fractions`, :func:`on_gathered_states`.
+(``PCF``): :func:`cast_like_first`, :func:`non_empty_fractions`, :func:`on_gathered_states`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ __all__ = [
     "non_empty_fractions",
     "on_gathered_states",
     "runs_sharded",
-    "upcast_half",
     "validate_batch",
 ]
 
@@ -266,14 +265,6 @@ def _describe_layout(row: list[int]) -> str:
 
 
 # ---- helpers of the metric classes --------------------------------------------------------------------------------
-
-
-def upcast_half(x: Tensor) -> Tensor:
-    """``x`` in float32 when it is stored in half precision (float16, bfloat16), else as it is.
-
-    Storage may be half precision to save memory, but the distances are computed in float32 at least.
-    """
-    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
 def cast_like_first(batch: dict[str, Tensor | None], name: str, stored: list[Tensor] | Tensor) -> None:

@@ -19,7 +19,7 @@ from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
 from torchmetrics_retrieval.functional.search import Distance, KNNBackend, SearchPrecision
 from torchmetrics_retrieval.metrics._kwargs import MetricKwargs, Unpack
 from torchmetrics_retrieval.metrics._sharded.cross_modal import check_same_dimension, missing_side
-from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator, upcast_half, validate_batch
+from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator, validate_batch
 
 __all__ = ["CrossModalRetrieval"]
 
@@ -41,7 +41,7 @@ class _Side(SampleAccumulator):
         self._store(**batch)
 
     def _compute_samples(self, fields: dict[str, Tensor | None], indexes: Tensor | None) -> tuple[Tensor, Tensor]:
-        return upcast_half(cast(Tensor, fields[f"embeddings_{self.side}"])), cast(Tensor, fields[f"ids_{self.side}"])
+        return cast(Tensor, fields[f"embeddings_{self.side}"]), cast(Tensor, fields[f"ids_{self.side}"])
 
 
 class CrossModalRetrieval(Metric):

@@ -19,7 +19,7 @@ from torchmetrics_retrieval.functional.search import Distance, KNNBackend, Searc
 from torchmetrics_retrieval.metrics._batch import SET_FIELDS
 from torchmetrics_retrieval.metrics._kwargs import MetricKwargs, Unpack
 from torchmetrics_retrieval.metrics._per_query import PerQueryResults
-from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator, upcast_half
+from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator
 
 __all__ = ["EmbeddingMetrics"]
 
@@ -89,7 +89,8 @@ class EmbeddingMetrics(SampleAccumulator, PerQueryResults):
         audit_queries: queries of the exact audit of an approximate index (all of them when there are fewer).
         prefix: string put before every key of the result (e.g. ``"val/"``).
         storage_dtype: dtype the embeddings are stored in (e.g. ``torch.float16`` halves the memory);
-            ``compute`` upcasts half precision to float32. None: the dtype of the first batch.
+            ``compute`` reads half-precision rows as held (no float32 copy of the set) and gives the values of
+            the same rows in float32. None: the dtype of the first batch.
         distributed: under DDP, ``"shard"`` (default): each process keeps its own samples; only the small
             fields (labels, ids, dataset indexes) are gathered, and the searches move blocks of rows between
             processes, so each process holds its own embeddings plus one visiting block. A set searched against
@@ -264,7 +265,7 @@ class EmbeddingMetrics(SampleAccumulator, PerQueryResults):
         return {f"{self.prefix}{key}": value for key, value in metrics.items()}
 
     def _compute_samples(self, fields: dict[str, Tensor | None], indexes: Tensor | None) -> dict[str, Tensor]:
-        embeddings = upcast_half(cast(Tensor, fields.pop("embeddings")))  # never None: _collect raises first
+        embeddings = cast(Tensor, fields.pop("embeddings"))  # never None: _collect raises first; half rows as held
         labels = cast(Tensor, fields.pop("labels"))
         metrics, result = evaluate(embeddings, labels, None, None, self.options, **cast(dict[str, Any], fields))
         self._per_query = result

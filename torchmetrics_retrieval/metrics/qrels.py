@@ -26,7 +26,7 @@ from torchmetrics_retrieval.functional.qrels import (
     reduce_qrels,
 )
 from torchmetrics_retrieval.metrics._kwargs import MetricKwargs, Unpack
-from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator, upcast_half, validate_batch
+from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator, validate_batch
 
 __all__ = ["QrelsMetrics"]
 
@@ -45,7 +45,7 @@ class _Side(SampleAccumulator):
         self._store(**batch)
 
     def _compute_samples(self, fields: dict[str, Tensor | None], indexes: Tensor | None) -> tuple[Tensor, Tensor]:
-        return upcast_half(cast(Tensor, fields[self.side])), cast(Tensor, indexes)
+        return cast(Tensor, fields[self.side]), cast(Tensor, indexes)
 
 
 class QrelsMetrics(Metric):

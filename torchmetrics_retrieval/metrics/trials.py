@@ -14,7 +14,7 @@ from torchmetrics_retrieval.functional._trials import TrialRequest, check_trials
 from torchmetrics_retrieval.functional.trials import FarRule, trial_metrics
 from torchmetrics_retrieval.metrics._batch import FieldSpec
 from torchmetrics_retrieval.metrics._kwargs import MetricKwargs, Unpack
-from torchmetrics_retrieval.metrics._state import SampleAccumulator, cast_like_first, upcast_half
+from torchmetrics_retrieval.metrics._state import SampleAccumulator, cast_like_first
 
 __all__ = ["TrialMetrics"]
 
@@ -200,7 +200,7 @@ class TrialMetrics(SampleAccumulator):
             return sharded_trial_compute(self, self.process_group)
 
     def _compute_samples(self, fields: dict[str, Tensor | None], indexes: Tensor | None) -> dict[str, Tensor]:
-        embeddings = upcast_half(cast(Tensor, fields["embeddings"]))
+        embeddings = cast(Tensor, fields["embeddings"])
         if indexes is None:  # pragma: no cover - `indexes` is a required field
             raise ValueError(f"`indexes` must be given, got {describe(indexes)}.")
         return trial_metrics(embeddings, self.trial_rows(indexes), **self.value_options)

@@ -27,7 +27,6 @@ from torchmetrics_retrieval.metrics._state import (
     cast_like_first,
     non_empty_fractions,
     on_gathered_states,
-    upcast_half,
 )
 
 __all__ = ["FNMRAtFMR"]
@@ -169,8 +168,8 @@ class FNMRAtFMR(SampleAccumulator):
         return batch
 
     def _pair_inputs(self, fields: dict[str, Tensor | None]) -> tuple[Tensor, Tensor, dict[str, Any]]:
-        """Embeddings (half precision upcast), labels and the keyword arguments of the functional calls."""
-        embeddings = upcast_half(cast(Tensor, fields["embeddings"]))  # never None: _collect raises first
+        """Embeddings (half precision as held), labels and the keyword arguments of the functional calls."""
+        embeddings = cast(Tensor, fields["embeddings"])  # never None: _collect raises first
         options: dict[str, Any] = {
             name: fields[name] for name in ("is_query", "is_gallery", "sequence_ids", "search_groups")
         }

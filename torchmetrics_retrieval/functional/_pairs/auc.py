@@ -72,7 +72,7 @@ def positive_distances(qg: QueryGallery, problem: Problem, fn: LabelComparisonFn
     """The canonical distances of every eligible positive pair (ordered pairs, in no useful order)."""
     rows = torch.arange(qg.query.shape[0], device=qg.query.device)
     pair_rows, pair_cols = relevant_pairs(qg, problem, rows, fn)
-    return canonical_distances(problem, rows, pair_rows, pair_cols).to(qg.query.dtype)
+    return canonical_distances(problem, rows, pair_rows, pair_cols).to(problem.dtype)
 
 
 class ProductTile(NamedTuple):
@@ -151,7 +151,7 @@ def place_negatives(
     device = qg.query.device
     n_query, n_gallery = qg.query.shape[0], qg.gallery.shape[0]
     ids = None if label_comparison_fn is not None else _dense_label_ids(qg.query_labels, qg.gallery_labels)
-    compiled = ids is not None and qg.query.dtype == torch.float32 and plan.use_compiled(device, n_query, n_gallery)
+    compiled = ids is not None and problem.dtype == torch.float32 and plan.use_compiled(device, n_query, n_gallery)
     own = problem.exclusions.self_index
     own = own if own is not None else torch.full((n_query,), -1, dtype=torch.long, device=device)
     others = problem.exclusions._replace(self_index=None)

@@ -22,10 +22,17 @@ from torch import Tensor
 from torchmetrics_retrieval.functional._precision import ieee_sqrt
 from torchmetrics_retrieval.functional._search.keys import Float64Rows, Rows64
 
-__all__ = ["HALF_DTYPES", "BlockRows", "StageRows", "half_rows", "rows_at"]
+__all__ = ["HALF_DTYPES", "BlockRows", "StageRows", "half_rows", "rows_at", "values_dtype"]
 
 #: Storage dtypes whose stage rows are made block by block.
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def values_dtype(x: Tensor) -> torch.dtype:
+    """The dtype of the distances the metrics compare for rows ``x``: float32 for half-precision rows (distances
+    rounded to float16 would tie pairs that float32 tells apart), else the rows' own dtype. So the metrics of a set
+    held in half precision are those of the same rows in float32, without a float32 copy of them."""
+    return torch.float32 if x.dtype in HALF_DTYPES else x.dtype
 
 
 def half_rows(x64: Rows64) -> bool:

@@ -17,7 +17,13 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._search import plan
-from torchmetrics_retrieval.functional._search.half_rows import HALF_DTYPES, BlockRows, StageRows, half_rows
+from torchmetrics_retrieval.functional._search.half_rows import (
+    HALF_DTYPES,
+    BlockRows,
+    StageRows,
+    half_rows,
+    values_dtype,
+)
 from torchmetrics_retrieval.functional._search.keys import Float64Rows, Rows64, self_dots, stage_rows
 from torchmetrics_retrieval.functional._search.types import Exclusions
 
@@ -110,6 +116,7 @@ def make_problem(
     split: int | None = None,
     lazy64: bool = False,
     gallery_cache: GalleryCache | None = None,
+    dtype: torch.dtype | None = None,
 ) -> Problem:
     """Prepare a problem from checked inputs (``same_set``: ``gallery`` is ``query``, searched against itself).
 
@@ -121,6 +128,9 @@ def make_problem(
     float32 set too large to hold twice more (the values are the same). Half-precision rows (float16, bfloat16)
     are always read on demand: the canonical stage upcasts only the candidates' rows, and the torch stage makes
     its float32 rows block by block (:meth:`Problem.stage_gallery_rows`).
+
+    ``dtype``: of the distances the problem reports (ties go by position after rounding to it); by default
+    ``half_rows.values_dtype`` (float32 for half-precision rows, else the query's dtype).
 
     ``gallery_cache`` (a separate gallery): the gallery's norms and stage rows shared with the other problems of
     the same gallery (e.g. the searches of several query chunks and their full-ranking counts), computed once.
@@ -167,7 +177,7 @@ def make_problem(
     symmetric = same_set and (own is None or bool((own == torch.arange(own.numel(), device=own.device)).all()))
     return Problem(
         query, gallery, distance, exclusions, n_eligible, query64, gallery64, query_sq64, gallery_sq64, symmetric,
-        query.dtype, split, gallery_cache=gallery_cache,
+        values_dtype(query) if dtype is None else dtype, split, gallery_cache=gallery_cache,
     )  # fmt: skip
 
 

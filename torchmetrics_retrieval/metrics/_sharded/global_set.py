@@ -19,7 +19,7 @@ from torchmetrics_retrieval.functional._search.problem import Problem, make_prob
 from torchmetrics_retrieval.functional._search.types import Exclusions
 from torchmetrics_retrieval.functional._sets import QueryGallery, split_query_gallery
 from torchmetrics_retrieval.metrics._sharded.gather import all_reduce, gather, gather_rows
-from torchmetrics_retrieval.metrics._state import _concat, _layout, _templates, deduplicate, upcast_half
+from torchmetrics_retrieval.metrics._state import _concat, _layout, _templates, deduplicate
 
 __all__ = ["ShardedSet", "check_rows", "global_problem", "global_rows", "placeholder_problem", "restrict_gallery"]
 
@@ -89,8 +89,7 @@ def global_rows(metric: Any, group: Any) -> tuple[Tensor, dict[str, Tensor | Non
     small.update(_owner=owner, _row=row)
     if indexes is not None:
         small, indexes = deduplicate(small, indexes)
-    embeddings = upcast_half(local[embeddings_name])  # type: ignore[arg-type]
-    return embeddings, small, small.pop("_owner"), small.pop("_row"), indexes  # type: ignore[return-value]
+    return local[embeddings_name], small, small.pop("_owner"), small.pop("_row"), indexes  # type: ignore[return-value]
 
 
 def check_rows(local: Tensor, distance: str, group: Any, name: str = "embeddings") -> None:
