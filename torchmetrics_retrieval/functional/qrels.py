@@ -87,12 +87,7 @@ def qrels_per_query(
         raise ValueError(
             f"`corpus` must have the columns ({query.shape[1]}) and device of `query`, got {describe(corpus)}."
         )
-    check_choice("distance", distance, QRELS_DISTANCES)
-    check_choice("ties", ties, TIES)
-    relevance_level = _check_level(relevance_level)
-    _check_bool("ignore_identical_ids", ignore_identical_ids)
-    check_option("knn_backend", knn_backend)
-    check_option("chunk_size", chunk_size)
+    check_search_arguments(distance, relevance_level, ignore_identical_ids, ties, knn_backend, chunk_size)
     qids = check_id_list("query_ids", query_ids, query.shape[0], "query")
     cids = check_id_list("corpus_ids", corpus_ids, corpus.shape[0], "corpus")
     triples = parse_qrels(qrels)
@@ -160,6 +155,49 @@ def qrels_result(
         query_labels=positions,
         query_categories=None,
     )
+
+
+def checked_cutoffs(
+    ndcg_top_k: int | Iterable[int],
+    map_top_k: int | Iterable[int],
+    recall_top_k: int | Iterable[int],
+    precision_top_k: int | Iterable[int],
+    mrr: bool,
+    r_precision: bool,
+) -> Cutoffs:
+    """The measures that :func:`qrels_metrics` and ``QrelsMetrics`` are asked for, each option checked under its own
+    name; at least one measure."""
+    cutoffs = Cutoffs(
+        check_top_k("ndcg_top_k", ndcg_top_k),
+        check_top_k("map_top_k", map_top_k),
+        check_top_k("recall_top_k", recall_top_k),
+        check_top_k("precision_top_k", precision_top_k),
+        _check_bool("mrr", mrr),
+        _check_bool("r_precision", r_precision),
+    )
+    if not cutoffs.keys():
+        raise ValueError(
+            "`ndcg_top_k`, `map_top_k`, `recall_top_k`, `precision_top_k`, `mrr` and `r_precision` "
+            "ask for no measure: give at least one."
+        )
+    return cutoffs
+
+
+def check_search_arguments(
+    distance: str, relevance_level: int, ignore_identical_ids: bool, ties: str, knn_backend: str, chunk_size: int | None
+) -> dict[str, Any]:
+    """Check the search and grading options of :func:`qrels_per_query` (each error names its option) and return them
+    as its keyword arguments: ``QrelsMetrics`` checks them at construction with this and passes them on."""
+    check_choice("distance", distance, QRELS_DISTANCES)
+    check_choice("ties", ties, TIES)
+    return {
+        "distance": distance,
+        "relevance_level": _check_level(relevance_level),
+        "ignore_identical_ids": _check_bool("ignore_identical_ids", ignore_identical_ids),
+        "ties": ties,
+        "knn_backend": check_option("knn_backend", knn_backend),
+        "chunk_size": check_option("chunk_size", chunk_size),
+    }
 
 
 def _check_level(value: Any) -> int:
@@ -290,21 +328,9 @@ def qrels_metrics(
         >>> {key: round(float(value), 4) for key, value in m.items()}
         {'ndcg/2': 0.1199, 'mrr': 0.4167, 'tie_rate': 0.0}
     """
-    cutoffs = Cutoffs(
-        check_top_k("ndcg_top_k", ndcg_top_k),
-        check_top_k("map_top_k", map_top_k),
-        check_top_k("recall_top_k", recall_top_k),
-        check_top_k("precision_top_k", precision_top_k),
-        _check_bool("mrr", mrr),
-        _check_bool("r_precision", r_precision),
-    )
+    cutoffs = checked_cutoffs(ndcg_top_k, map_top_k, recall_top_k, precision_top_k, mrr, r_precision)
     _check_bool("return_per_query", return_per_query)
     options = RetrievalOptions.create(confidence_level=confidence_level, n_bootstrap=n_bootstrap, seed=seed)
-    if not cutoffs.keys():
-        raise ValueError(
-            "`ndcg_top_k`, `map_top_k`, `recall_top_k`, `precision_top_k`, `mrr` and `r_precision` "
-            "ask for no measure: give at least one."
-        )
     result = qrels_per_query(
         query, query_ids, corpus, corpus_ids, qrels, cutoffs,
         distance=distance, relevance_level=relevance_level, ignore_identical_ids=ignore_identical_ids, ties=ties,

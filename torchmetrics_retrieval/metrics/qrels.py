@@ -10,18 +10,15 @@ from typing import Any, Literal, cast
 from torch import Tensor
 from torchmetrics import Metric
 
-from torchmetrics_retrieval.functional._checks import check_choice, check_embeddings, check_top_k, describe
-from torchmetrics_retrieval.functional._options import RetrievalOptions, check_option
+from torchmetrics_retrieval.functional._checks import check_choice, check_embeddings, describe
+from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._per_query import RetrievalResult
 from torchmetrics_retrieval.functional._qrels_inputs import Qrels, check_id_list, parse_qrels
-from torchmetrics_retrieval.functional._qrels_values import Cutoffs
 from torchmetrics_retrieval.functional.qrels import (
-    QRELS_DISTANCES,
-    TIES,
     QrelsDistance,
     Ties,
-    _check_bool,
-    _check_level,
+    check_search_arguments,
+    checked_cutoffs,
     qrels_per_query,
     reduce_qrels,
 )
@@ -122,35 +119,15 @@ class QrelsMetrics(Metric):
         **kwargs: Unpack[MetricKwargs],
     ) -> None:
         self._triples = parse_qrels(qrels)  # checked now, not at the first compute
-        self._cutoffs = Cutoffs(
-            check_top_k("ndcg_top_k", ndcg_top_k),
-            check_top_k("map_top_k", map_top_k),
-            check_top_k("recall_top_k", recall_top_k),
-            check_top_k("precision_top_k", precision_top_k),
-            _check_bool("mrr", mrr),
-            _check_bool("r_precision", r_precision),
+        self._cutoffs = checked_cutoffs(ndcg_top_k, map_top_k, recall_top_k, precision_top_k, mrr, r_precision)
+        # the keyword arguments of qrels_per_query, checked now rather than at the first compute
+        self._search = check_search_arguments(
+            distance, relevance_level, ignore_identical_ids, ties, knn_backend, chunk_size
         )
-        if not self._cutoffs.keys():
-            raise ValueError(
-                "`ndcg_top_k`, `map_top_k`, `recall_top_k`, `precision_top_k`, `mrr` and `r_precision` ask for no "
-                "measure: give at least one."
-            )
-        if distance not in QRELS_DISTANCES:
-            raise ValueError(f"`distance` must be one of {QRELS_DISTANCES!r}, got {distance!r}.")
-        if ties not in TIES:
-            raise ValueError(f"`ties` must be one of {TIES!r}, got {ties!r}.")
         if not isinstance(prefix, str):
             raise TypeError(f"`prefix` must be a str, got {describe(prefix)}.")
         check_choice("distributed", distributed, ("shard", "gather"))
         self.distributed = distributed
-        self._search = {
-            "distance": distance,
-            "relevance_level": _check_level(relevance_level),
-            "ignore_identical_ids": _check_bool("ignore_identical_ids", ignore_identical_ids),
-            "ties": ties,
-            "knn_backend": check_option("knn_backend", knn_backend),
-            "chunk_size": check_option("chunk_size", chunk_size),
-        }
         self._options = RetrievalOptions.create(confidence_level=confidence_level, n_bootstrap=n_bootstrap, seed=seed)
         super().__init__(**kwargs)
         self.prefix = prefix
