@@ -35,6 +35,9 @@ def test_dots_norms_and_stage_rows_equal_the_copy(monkeypatch: pytest.MonkeyPatc
     expected = canonical_dots(pair_rows, pair_cols, x64, y64)
     assert torch.equal(canonical_dots(pair_rows, pair_cols, Float64Rows(x), Float64Rows(y)), expected)
     assert torch.equal(canonical_dots(pair_rows, pair_cols, x64, Float64Rows(y)), expected)
+    in_order = torch.sort(pair_rows, stable=True)  # pairs grouped by row (the blocks are then slices)
+    by_row = canonical_dots(in_order.values, pair_cols[in_order.indices], Float64Rows(x), Float64Rows(y))
+    assert torch.equal(by_row, expected[in_order.indices])
     assert torch.equal(self_dots(Float64Rows(x)), self_dots(x64))
     for distance in DISTANCES:
         for got, want in zip(

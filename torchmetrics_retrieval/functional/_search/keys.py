@@ -185,15 +185,21 @@ def canonical_dots(rows: Tensor, cols: Tensor, query64: Rows64, gallery64: Rows6
 
 
 def _lazy_dots(rows: Tensor, cols: Tensor, query64: Rows64, gallery64: Rows64) -> Tensor:
-    """:func:`canonical_dots` of rows read on demand: the pairs in blocks (by row), each block's rows and columns
-    made float64 once (the values do not depend on the rows around them), in buffers kept for the next block."""
+    """:func:`canonical_dots` of rows read on demand: the pairs in blocks (by row), each block's rows made float64
+    once and its columns pair by pair (the values do not depend on the rows around them), in buffers kept for the
+    next block. The columns are not de-duplicated: a block's are mostly distinct (candidates of different
+    queries), and the sort that would find the repeats cost more than the rows it saves."""
     out = torch.empty(rows.numel(), dtype=torch.float64, device=rows.device)
-    order = torch.argsort(rows, stable=True)
-    query_rows, gallery_rows = _Gathered(query64, rows.numel()), _Gathered(gallery64, rows.numel())
-    for block in order.split(_LAZY_PAIRS):
-        used_rows, local_rows = torch.unique(rows[block], return_inverse=True)
-        used_cols, local_cols = torch.unique(cols[block], return_inverse=True)
-        out[block] = canonical_dots(local_rows, local_cols, query_rows(used_rows), gallery_rows(used_cols))
+    n_pairs = rows.numel()
+    # pairs listed by ``nonzero`` (the usual callers) are already grouped by row: blocks are then slices
+    in_order = bool((rows[1:] >= rows[:-1]).all())
+    blocks = [slice(s, s + _LAZY_PAIRS) for s in range(0, n_pairs, _LAZY_PAIRS)] if in_order else None
+    query_rows, gallery_rows = _Gathered(query64, n_pairs), _Gathered(gallery64, n_pairs)
+    every = torch.arange(min(_LAZY_PAIRS, n_pairs), device=rows.device)
+    for block in blocks or torch.argsort(rows, stable=True).split(_LAZY_PAIRS):
+        used_rows, local_rows = torch.unique_consecutive(rows[block], return_inverse=True)
+        local_cols = every[: local_rows.numel()]
+        out[block] = canonical_dots(local_rows, local_cols, query_rows(used_rows), gallery_rows(cols[block]))
     return out
 
 
@@ -203,7 +209,7 @@ class _Gathered:
 
     def __init__(self, x64: Rows64, n_pairs: int) -> None:
         self.x64, device, dim = x64, x64.device, x64.shape[1]
-        capacity = min(_LAZY_PAIRS, n_pairs, x64.shape[0])
+        capacity = min(_LAZY_PAIRS, n_pairs)  # (a block's columns are gathered pair by pair: repeats included)
         self.rows64 = torch.empty((capacity, dim), dtype=torch.float64, device=device)
         self.rows: Tensor | None = None
         if isinstance(x64, Float64Rows):
