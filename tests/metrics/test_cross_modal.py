@@ -159,6 +159,8 @@ def _sharded_scenarios(rank: int, world_size: int) -> dict[str, Any]:
     calls = []
     sharded = _shard_cross_modal.sharded_cross_modal
     _shard_cross_modal.sharded_cross_modal = lambda *args: calls.append(1) or sharded(*args)  # type: ignore[assignment]
+    stacked, search = [], _shard_cross_modal.symmetric_top_k  # both directions from one search of A and B stacked
+    _shard_cross_modal.symmetric_top_k = lambda *args: stacked.append(1) or search(*args)  # type: ignore[assignment]
     outcomes: dict[str, Any] = {}
     for name, data in (("clip", image_caption_data(3)), ("tied", tied_data())):
         n_captions = data["captions"].shape[0]
@@ -176,14 +178,15 @@ def _sharded_scenarios(rank: int, world_size: int) -> dict[str, Any]:
             captions = torch.arange(rank - 1, n_captions, world_size - 1) if rank else captions
         feed_rows(metric, data, images, captions)
         outcomes[f"{name}_one_rank_queries"] = metric.compute()
-    outcomes["calls"] = len(calls)
+    outcomes["calls"], outcomes["stacked"] = len(calls), len(stacked)
     return outcomes
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_sharded_identical_to_one_process(world_size: int, tmp_path: Path) -> None:
-    """Every key of every scenario on 1-3 processes equals one process's, bit for bit; the sharded path ran."""
+    """Every key of every scenario on 1-4 processes equals one process's, bit for bit; the sharded path ran, with
+    both directions from one search of A and B stacked."""
     results = run_distributed(_sharded_scenarios, world_size, tmp_path)
     for name, data in (("clip", image_caption_data(3)), ("tied", tied_data())):
         one = CrossModalRetrieval(**SHARDED_OPTIONS)
@@ -197,7 +200,7 @@ def test_sharded_identical_to_one_process(world_size: int, tmp_path: Path) -> No
                     torch.testing.assert_close(
                         got[key], expected[key], rtol=0, atol=0, equal_nan=True, msg=f"{world_size} {rank} {key}"
                     )
-            assert outcomes["calls"] == (0 if world_size == 1 else 3 * 2)
+            assert outcomes["calls"] == outcomes["stacked"] == (0 if world_size == 1 else 3 * 2)
 
 
 def _zero_caption_on_last_rank(rank: int, world_size: int) -> str:

@@ -15,10 +15,12 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._options import RetrievalOptions
-from torchmetrics_retrieval.functional._sets import split_query_gallery
-from torchmetrics_retrieval.metrics._sharded.embedding import sharded_ranking
+from torchmetrics_retrieval.functional._per_query import count_relevant, search_depth
+from torchmetrics_retrieval.functional._sets import QueryGallery, split_query_gallery
+from torchmetrics_retrieval.metrics._sharded.embedding import ShardedSearch, sharded_ranking
 from torchmetrics_retrieval.metrics._sharded.gather import gather
 from torchmetrics_retrieval.metrics._sharded.global_set import ShardedSet, check_rows, global_rows
+from torchmetrics_retrieval.metrics._sharded.search import symmetric_fits, symmetric_top_k
 
 __all__ = ["check_same_dimension", "missing_side", "sharded_cross_modal"]
 
@@ -65,10 +67,48 @@ def sharded_cross_modal(metric: Any, group: Any) -> dict[str, dict[str, Tensor]]
     ids = torch.cat([ids_a, ids_b])  # type: ignore[list-item]
     is_a = torch.arange(owner.numel(), device=owner.device) < owner_a.numel()
     placeholder = local.new_zeros((1, 1)).expand(owner.numel(), 1)  # the split needs no embedding
+
+    def sharded(qg: QueryGallery) -> ShardedSet:
+        return ShardedSet(qg, local, owner, row, group)
+
+    directions = {
+        name: sharded(split_query_gallery(placeholder, ids, is_query=query, is_gallery=~query))
+        for name, query in (("a_to_b", is_a), ("b_to_a", ~is_a))
+    }
+    searches = _both_directions(sharded(split_query_gallery(placeholder, ids)), directions, options)
     both = {}
-    for direction, is_query in (("a_to_b", is_a), ("b_to_a", ~is_a)):
-        qg = split_query_gallery(placeholder, ids, is_query=is_query, is_gallery=~is_query)
-        shards = ShardedSet(qg, local, owner, row, group)
+    for name, shards in directions.items():
         with shards.whole():
-            both[direction] = sharded_ranking(shards, options)[0]
+            both[name] = sharded_ranking(shards, options, searches.get(name))[0]
     return both
+
+
+def _both_directions(
+    stacked: ShardedSet, directions: dict[str, ShardedSet], options: RetrievalOptions
+) -> dict[str, ShardedSearch]:
+    """The top K of both directions from one search of A and B stacked (``symmetric_top_k`` with ``is_b``: each
+    pair of an A and a B sample computed once, where one process also computes it once), as each direction's
+    search; none (each direction searched on its own) when that search does not serve."""
+    n_a = directions["a_to_b"].qg.query.shape[0]
+    depths = {}
+    for name, shards in directions.items():
+        qg = shards.qg
+        depths[name] = min(search_depth(options, count_relevant(qg, options)), qg.gallery.shape[0])
+    if max(depths.values()) == 0 or not symmetric_fits(stacked, max(depths.values()), options):
+        return {}
+    is_b = torch.arange(stacked.owner.numel(), device=stacked.owner.device) >= n_a
+    with stacked.whole():
+        rows, distances, items, valid = symmetric_top_k(stacked, options, max(depths.values()), is_b)
+    ours = {"a_to_b": rows < n_a, "b_to_a": rows >= n_a}
+    # a direction's query and gallery rows are the stacked rows less the rows of the side before it
+    shift = {"a_to_b": (0, n_a), "b_to_a": (n_a, 0)}
+
+    def search_of(name: str) -> ShardedSearch:
+        def search(shards: ShardedSet, _: RetrievalOptions, k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+            keep, (query_shift, gallery_shift) = ours[name], shift[name]
+            gallery = (items[keep, :k] - gallery_shift).clamp(0, max(shards.qg.gallery.shape[0] - 1, 0))
+            return rows[keep] - query_shift, distances[keep, :k], gallery, valid[keep, :k]
+
+        return search
+
+    return {name: search_of(name) for name in directions}

@@ -18,6 +18,7 @@ FNMR@FMR, EER, minDCF and ROC AUC share out the tiles of pairs one process compu
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -65,14 +66,23 @@ def sharded_compute(metric: Any, group: Any) -> tuple[dict[str, Tensor], Retriev
     return metrics, result, indexes
 
 
-def sharded_ranking(shards: ShardedSet, options: RetrievalOptions) -> tuple[dict[str, Tensor], RetrievalResult]:
-    """The ranking metrics and per-query result of a problem over a sharded global set."""
+#: ``(shards, options, k) -> (query rows, distances, gallery rows, valid)``: the exact top ``k`` of this rank's
+#: queries.
+ShardedSearch = Callable[[ShardedSet, RetrievalOptions, int], tuple[Tensor, Tensor, Tensor, Tensor]]
+
+
+def sharded_ranking(
+    shards: ShardedSet, options: RetrievalOptions, search: ShardedSearch | None = None
+) -> tuple[dict[str, Tensor], RetrievalResult]:
+    """The ranking metrics and per-query result of a problem over a sharded global set; ``search``: where the
+    top K comes from when another search already found it (by default the sharded search of ``shards``)."""
     qg, local, group = shards.qg, shards.local, shards.group
     n_relevant = count_relevant(qg, options)
     n_query, n_gallery = qg.query.shape[0], qg.gallery.shape[0]
     n_candidates = qg.exclusions().count_eligible(n_query, n_gallery, local.device)
     k = min(search_depth(options, n_relevant), n_gallery)
-    search = symmetric_top_k if symmetric_fits(shards, k, options) else one_sided_top_k
+    if search is None:
+        search = symmetric_top_k if symmetric_fits(shards, k, options) else one_sided_top_k
     rows, distances, items, valid = search(shards, options, k)
     items = items.clamp(max=n_gallery - 1)  # (an empty slot's item is out of range)
     labels = qg.query_labels[rows]

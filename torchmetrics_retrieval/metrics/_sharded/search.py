@@ -15,6 +15,8 @@ gives the top K of one search over the whole set, bit for bit.
   their rectangle in halves. So every rank does ``1 / P`` of the products; it holds its own shard, the pass of its
   own search, and bipartite passes of at most ``VISIT_ROWS`` of its rows against one visiting block, the next
   block in flight.
+  A cross-modal set (``is_b``: A samples against B ones) takes the same passes: its own pass is the bipartite
+  pass of its A rows against its B rows, and in ``P - 1`` rounds every other rank's B rows visit its A rows.
 * :func:`one_sided_top_k` - queries and gallery apart (``is_query``/``is_gallery``): each rank's next block
   of queries is all-gathered and searched by every rank against its gallery shard.
 
@@ -100,7 +102,7 @@ def _merge_two(first: Found, second: Found, k: int) -> Found:
     return merge(_joined([first, second], dim=1), k)
 
 
-def _fold(best: Found, rows: slice, found: Found, k: int) -> None:
+def _fold(best: Found, rows: slice | Tensor, found: Found, k: int) -> None:
     """Merge ``found``, candidates of the rows ``rows`` of ``best``, into ``best`` in place: a rank keeps one list
     per row, never a list per shard it met."""
     merged = _merge_two((best[0][rows], best[1][rows], best[2][rows]), found, k)
@@ -303,23 +305,43 @@ def _swap_candidates(visitors: Found, peers: tuple[int, int], n_back: int, k: in
     return back[0], back[1], back_valid.bool()
 
 
-def symmetric_top_k(shards: ShardedSet, options: RetrievalOptions, k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def symmetric_top_k(
+    shards: ShardedSet, options: RetrievalOptions, k: int, is_b: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(rows, distances, gallery rows, valid)``: the exact top ``k`` of this rank's samples of a set searched
-    against itself (``shards.qg.same_set``; sample ``i`` is query ``i`` and gallery item ``i``)."""
+    against itself (``shards.qg.same_set``; sample ``i`` is query ``i`` and gallery item ``i``).
+
+    ``is_b`` (by global row; the A samples first): a cross-modal set, A samples against B ones only (each
+    sample's top ``k`` among the other side). A rank's own pass is then the bipartite pass of its A rows against
+    its B rows, and in each of ``P - 1`` rounds the B rows of another rank visit its A rows: each A x B pair
+    computed once, on the rank of its A sample."""
     qg, local, owner, row, group = shards
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     members = [torch.nonzero(owner[qg.query_positions] == r).flatten() for r in range(world)]
     mine = members[rank]
     embeddings = _local_rows(local, row[qg.query_positions[mine]])
-    best = _empty(0, k, local)  # each row's candidates among the shards met so far
-    if mine.numel():  # (float64 rows read on demand: no float64 copy of the shard beside the pass's buffers)
+    best = _empty(mine.numel(), k, local)  # each row's candidates among the shards met so far
+    if is_b is not None:  # this rank's A samples, then its B samples (slices of ``mine``: no copy of rows)
+        n_a = int((~is_b[qg.query_positions[mine]]).sum())
+        a, b = slice(None, n_a), slice(n_a, None)
+        if 0 < n_a < mine.numel():
+            no_cap = embeddings.new_full((mine.numel(),), math.inf)
+            found_a, found_b = _bipartite(
+                qg, (mine[a], embeddings[a], no_cap[a]), (mine[b], embeddings[b], no_cap[b]), options, k
+            )
+            _fold(best, a, found_a, k)
+            _fold(best, b, found_b, k)
+    elif mine.numel():  # (float64 rows read on demand: no float64 copy of the shard beside the pass's buffers)
         own = _search(_subset(qg, mine, embeddings), options, k, True, lazy=True)(torch.arange(mine.numel()))
         best = _padded(own, k, mine, local)
-    for distance in range(1, world // 2 + 1):
+    for distance in range(1, world if is_b is not None else world // 2 + 1):
         caps = _kth(best)  # the K-th distances among the shards met so far cap this round
         peers = ((rank + distance) % world, (rank - distance) % world)  # (whose rows visit, where ours go)
         searched, sent, visiting = slice(None), slice(None), members[peers[0]]
-        if 2 * distance == world:  # one rectangle between the two shards: each side does half of it
+        if is_b is not None:  # our A rows searched against their B rows; our B rows go to the A rows of peers[1]
+            searched, sent = a, b
+            visiting = visiting[is_b[qg.query_positions[visiting]]]
+        elif 2 * distance == world:  # one rectangle between the two shards: each side does half of it
             half = mine.numel() // 2
             if rank < peers[0]:
                 searched, sent = slice(None, half), slice(half, None)
