@@ -29,9 +29,10 @@ counted as certainly before or after a threshold only when it is, each rank's co
 sum. Every rank enters the same collectives: the number of rounds is the largest over ranks (one
 ``all_reduce``, which also gives the largest n(q), hence the one-process width ``m`` of the ranks).
 
-Memory: as on one process, the thresholds of a visiting block (all ranks' blocks together: at most
-``BUDGET_ENTRIES`` thresholds, and as many listed pairs) plus one block of keys; only blocks of queries,
-threshold lists and counts travel, never a gallery shard.
+Memory: the thresholds of a visiting block (all ranks' blocks together: at most ``BUDGET_ENTRIES / P``
+thresholds, and as many listed pairs: ``1 / P`` of one process's) plus one block of keys, and the shard's float32 stage
+rows, made once for every round (a ``GalleryCache``); its float64 rows are read on demand, never copied. Only
+blocks of queries, threshold lists and counts travel, never a gallery shard.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from torchmetrics_retrieval.functional._label_pairs import relevant_pairs
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._ranks import plan as ranks_plan
 from torchmetrics_retrieval.functional._ranks.count import _count_before, _Thresholds
-from torchmetrics_retrieval.functional._search.problem import Problem, make_problem
+from torchmetrics_retrieval.functional._search.problem import GalleryCache, Problem, make_problem
 from torchmetrics_retrieval.functional._sets import QueryGallery
 from torchmetrics_retrieval.metrics._sharded.gather import all_reduce, gather
 from torchmetrics_retrieval.metrics._sharded.global_set import ShardedSet, restrict_gallery
@@ -65,6 +66,8 @@ class ShardedRanks:
         # this rank's gallery columns (global gallery positions, increasing: ``nonzero`` sorts them)
         self.gallery = torch.nonzero(owner[qg.gallery_positions] == self.rank).flatten()
         self.shard = restrict_gallery(qg, self.gallery, local[row[qg.gallery_positions[self.gallery]]])
+        # the shard's norms and float32 stage rows, made once for every round (its float64 rows read on demand)
+        self.cache = GalleryCache(keep_rows=True)
 
     def __call__(self, rows: Tensor, max_relevant: int | None, last: bool) -> Tensor:
         """``(len(rows), m)`` ranks of the queries ``queries[rows]``, as ``relevant_ranks`` returns them; ``m``
@@ -77,8 +80,9 @@ class ShardedRanks:
         if n_max == 0:  # no relevant item anywhere: the same on every rank, so no rank enters a round
             return torch.zeros((queries.numel(), 0), dtype=torch.long, device=device)
         m = 1 if last else n_max if max_relevant is None else min(max_relevant, n_max)
-        # the one-process budget of thresholds per query chunk, for all ranks' visiting blocks together
-        block = max(1, ranks_plan.BUDGET_ENTRIES // ((n_max + 1) * self.world))
+        # all ranks' visiting blocks together hold 1/P of the one-process budget of thresholds per query chunk:
+        # every rank holds the thresholds of every visiting query, so a rank's share of the memory is then 1/P
+        block = max(1, ranks_plan.BUDGET_ENTRIES // ((n_max + 1) * self.world**2))
         rounds = visiting_rounds(queries.numel(), block, self.group, device)
         return torch.cat([self._round(visit, queries[visit.mine], m, last) for visit in rounds])
 
@@ -92,7 +96,10 @@ class ShardedRanks:
         listed = torch.zeros((0, 4), dtype=torch.float64, device=device)
         if n_visiting and self.gallery.numel():
             sub = self.shard.take(visiting_rows)._replace(query=visiting)
-            problem = make_problem(sub.query, sub.gallery, self.options.distance, sub.exclusions(), same_set=False)
+            problem = make_problem(
+                sub.query, sub.gallery, self.options.distance, sub.exclusions(), False, lazy64=True,
+                gallery_cache=self.cache,
+            )  # fmt: skip
             listed = shard_thresholds(sub, problem, self.gallery, self.options, m, last)
         pairs = torch.cat(gather(listed, group))  # every shard's: per query, its gallery's first m (or last)
         filled = torch.bincount(pairs[:, 0].long(), minlength=n_visiting).clamp(max=m)  # min(n(q), m)
