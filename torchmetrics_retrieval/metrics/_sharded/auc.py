@@ -41,7 +41,7 @@ from torchmetrics_retrieval.functional._pairs.auc import (
 from torchmetrics_retrieval.functional._progress import advance, section
 from torchmetrics_retrieval.functional._search.blocks import TileSchedule
 from torchmetrics_retrieval.functional._search.keys import self_dots
-from torchmetrics_retrieval.functional._search.problem import Problem, make_problem
+from torchmetrics_retrieval.functional._search.problem import GalleryCache, Problem, make_problem
 from torchmetrics_retrieval.functional._sets import QueryGallery
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
 from torchmetrics_retrieval.metrics._sharded.gather import all_reduce, gather
@@ -64,6 +64,7 @@ class _Rounds:
         columns = torch.nonzero(owner[qg.gallery_positions] == rank).flatten()  # global gallery positions
         self.shard = restrict_gallery(qg, columns, local[row[qg.gallery_positions[columns]]])
         self.queries = torch.nonzero(owner[qg.query_positions] == rank).flatten()  # this rank's query rows
+        self.cache = GalleryCache(keep_rows=False)  # the shard's canonical norms, computed once for every round
 
     def __iter__(self) -> Iterator[tuple[QueryGallery, Problem] | None]:
         """``(sub-problem, its problem)`` per round; ``None`` when this rank has nothing to do in the round."""
@@ -75,7 +76,11 @@ class _Rounds:
                 yield None
                 continue
             sub = self.shard.take(visiting_rows)._replace(query=visiting)
-            yield sub, make_problem(sub.query, sub.gallery, self.distance, sub.exclusions(), same_set=False)
+            # float64 rows read on demand: the positives' canonical distances need only their own rows
+            problem = make_problem(
+                sub.query, sub.gallery, self.distance, sub.exclusions(), False, lazy64=True, gallery_cache=self.cache
+            )
+            yield sub, problem
 
 
 def _product_tiles(tiles: ShardedTiles, problem: Problem) -> Iterator[ProductTile]:

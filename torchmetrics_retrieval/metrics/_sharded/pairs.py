@@ -46,7 +46,7 @@ from torchmetrics_retrieval.functional._precision import ieee_float32_matmul
 from torchmetrics_retrieval.functional._progress import advance
 from torchmetrics_retrieval.functional._search.blocks import TileSchedule
 from torchmetrics_retrieval.functional._search.key_blocks import KeyBlock
-from torchmetrics_retrieval.functional._search.keys import self_dots, stage_rows
+from torchmetrics_retrieval.functional._search.keys import Float64Rows, self_dots, stage_rows
 from torchmetrics_retrieval.functional._search.stream_topk import addmm_keys
 from torchmetrics_retrieval.functional._search.torch_stage import SymmetricKeys
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
@@ -72,13 +72,14 @@ class ShardedPairs(PairPasses):
     ) -> None:
         qg, local, owner, row, group = shards
         self.group, self.shards = group, shards
-        local64 = local.to(torch.float64)
+        local64 = Float64Rows(local)  # read block by block: no float64 copy of the shard
         sq64 = self_dots(local64)
         stage, stage_sq = stage_rows(local64, sq64, distance)
         self.l2 = stage_sq is not None
         # the float32 stage row and squared norm of every local row, sent together
         norms = stage_sq if stage_sq is not None else stage.new_zeros(len(stage))
         stage_payload = torch.cat([stage, norms[:, None]], 1)
+        del stage  # (its copy in the payload is the one kept)
         parts = gather(sq64, group)
         first = torch.tensor([0, *(part.numel() for part in parts)], device=local.device).cumsum(0)[:-1]
         every_sq = torch.cat(parts)[first[owner] + row]  # by global position
