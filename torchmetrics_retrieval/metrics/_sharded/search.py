@@ -287,6 +287,8 @@ def _visit(
             found_ours, found_theirs = _bipartite_blocks(qg, searched, (blocks[i], *block), options, k)
             ours = found_ours if ours is None else _merge_two(ours, found_ours, k)
             theirs.append(found_theirs)
+            # the next block meets the searched rows capped lower: nothing beyond their K-th so far can enter
+            searched = (searched[0], searched[1], torch.minimum(searched[2], _kth(ours)))
     except Exception as error:
         if not broken(error):
             _wait(works)  # the peers posted them (after the last checkpoint): received, they match nothing later
