@@ -58,7 +58,8 @@ def decomposition(n: int, world: int) -> Callable[[], tuple[dict[str, float], li
     shards = [torch.arange(r, n, world) for r in range(world)]
 
     def own(rows: torch.Tensor) -> Found:
-        found = _search(_subset(qg, rows, x[rows]), options, K, exact_distances=True)(torch.arange(rows.numel()))
+        sub = _subset(qg, rows, x[rows])  # float64 rows read on demand, as ``symmetric_top_k`` reads them
+        found = _search(sub, options, K, exact_distances=True, lazy=True)(torch.arange(rows.numel()))
         return _padded(found, K, rows, x)
 
     def side(rows: torch.Tensor, caps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
