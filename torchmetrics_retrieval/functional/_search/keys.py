@@ -194,7 +194,7 @@ def _lazy_dots(rows: Tensor, cols: Tensor, query64: Rows64, gallery64: Rows64) -
     # pairs listed by ``nonzero`` (the usual callers) are already grouped by row: blocks are then slices
     in_order = bool((rows[1:] >= rows[:-1]).all())
     blocks = [slice(s, s + _LAZY_PAIRS) for s in range(0, n_pairs, _LAZY_PAIRS)] if in_order else None
-    query_rows, gallery_rows = _Gathered(query64, n_pairs), _Gathered(gallery64, n_pairs)
+    query_rows, gallery_rows = _Gathered(query64), _Gathered(gallery64)
     every = torch.arange(min(_LAZY_PAIRS, n_pairs), device=rows.device)
     for block in blocks or torch.argsort(rows, stable=True).split(_LAZY_PAIRS):
         used_rows, local_rows = torch.unique_consecutive(rows[block], return_inverse=True)
@@ -205,19 +205,21 @@ def _lazy_dots(rows: Tensor, cols: Tensor, query64: Rows64, gallery64: Rows64) -
 
 class _Gathered:
     """Float64 rows of a set gathered block after block into the same buffers: a new float64 block per block of
-    pairs cost more in page faults than the products."""
+    pairs cost more in page faults than the products. The buffers grow to the largest block asked for (a block's
+    distinct query rows are often a small share of its pairs)."""
 
-    def __init__(self, x64: Rows64, n_pairs: int) -> None:
-        self.x64, device, dim = x64, x64.device, x64.shape[1]
-        capacity = min(_LAZY_PAIRS, n_pairs)  # (a block's columns are gathered pair by pair: repeats included)
-        self.rows64 = torch.empty((capacity, dim), dtype=torch.float64, device=device)
+    def __init__(self, x64: Rows64) -> None:
+        self.x64 = x64
+        self.rows64: Tensor | None = None
         self.rows: Tensor | None = None
-        if isinstance(x64, Float64Rows):
-            self.rows = torch.empty((capacity, dim), dtype=x64.x.dtype, device=device)
 
     def __call__(self, index: Tensor) -> Tensor:
-        """``x64[index]`` (at most the buffers' rows), valid until the next call."""
-        n = index.numel()
+        """``x64[index]``, valid until the next call."""
+        n, dim, device = index.numel(), self.x64.shape[1], self.x64.device
+        if self.rows64 is None or self.rows64.shape[0] < n:
+            self.rows64 = torch.empty((n, dim), dtype=torch.float64, device=device)
+            if isinstance(self.x64, Float64Rows):
+                self.rows = torch.empty((n, dim), dtype=self.x64.x.dtype, device=device)
         if isinstance(self.x64, Float64Rows):
             assert self.rows is not None
             return self.rows64[:n].copy_(torch.index_select(self.x64.x, 0, index, out=self.rows[:n]))
