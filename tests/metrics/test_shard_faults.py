@@ -54,8 +54,9 @@ SCENARIOS: dict[str, tuple[Callable[..., Metric], Any, str, int]] = {
     "after_last_collective": (lambda **kw: EmbeddingMetrics(**KNN, **kw), shard_embedding, "reduce_per_query", 1),
     "fnmr_at_fmr": (lambda **kw: FNMRAtFMR(**PAIRS, **kw), shard_pairs.ShardedPairs, "_keys", 1),
     "contrastive": (lambda **kw: ContrastiveAccuracy(top_k=(1, 5), **kw), shard_contrastive, "_count_above", 1),
-    # both directions from one stacked search: call 1 is the own pass, the later ones the visiting blocks
-    "cross_modal": (lambda **kw: CrossModalRetrieval(cmc_top_k=(1, 5), **kw), shard_search, "_bipartite", 25),
+    # both directions from one stacked search: 120 A and 120 B rows a rank, in blocks of 16: calls 1-64 are the own
+    # pass, 65-128 the visiting round
+    "cross_modal": (lambda **kw: CrossModalRetrieval(cmc_top_k=(1, 5), **kw), shard_search, "_bipartite", 100),
 }
 
 

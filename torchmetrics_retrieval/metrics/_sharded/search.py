@@ -326,13 +326,14 @@ def symmetric_top_k(
     if is_b is not None:  # this rank's A samples, then its B samples (slices of ``mine``: no copy of rows)
         n_a = int((~is_b[qg.query_positions[mine]]).sum())
         a, b = slice(None, n_a), slice(n_a, None)
-        if 0 < n_a < mine.numel():
-            no_cap = embeddings.new_full((mine.numel(),), math.inf)
-            found_a, found_b = _bipartite(
-                qg, (mine[a], embeddings[a], no_cap[a]), (mine[b], embeddings[b], no_cap[b]), options, k
-            )
-            _fold(best, a, found_a, k)
-            _fold(best, b, found_b, k)
+        if 0 < n_a < mine.numel():  # its A rows against its B rows, a block of B rows at a time
+            for block in _blocks(mine.numel() - n_a):
+                b_block = slice(n_a + block.start, n_a + block.stop)
+                caps = _kth(best)
+                sides = [(mine[rows], embeddings[rows], caps[rows]) for rows in (a, b_block)]
+                found_a, found_b = _bipartite_blocks(qg, sides[0], sides[1], options, k)
+                _fold(best, a, found_a, k)
+                _fold(best, b_block, found_b, k)
     elif mine.numel():  # (float64 rows read on demand: no float64 copy of the shard beside the pass's buffers)
         own = _search(_subset(qg, mine, embeddings), options, k, True, lazy=True)(torch.arange(mine.numel()))
         best = _padded(own, k, mine, local)
