@@ -102,7 +102,7 @@ def _merge_two(first: Found, second: Found, k: int) -> Found:
     return merge(_joined([first, second], dim=1), k)
 
 
-def _fold(best: Found, rows: slice | Tensor, found: Found, k: int) -> None:
+def _fold(best: Found, rows: slice, found: Found, k: int) -> None:
     """Merge ``found``, candidates of the rows ``rows`` of ``best``, into ``best`` in place: a rank keeps one list
     per row, never a list per shard it met."""
     merged = _merge_two((best[0][rows], best[1][rows], best[2][rows]), found, k)
