@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from tests.functional.test_half_rows import LargestRows
+from tests.functional.test_half_rows import LargestRows, small_blocks
+from tests.metrics._helpers import ALL_RANKING
 from torchmetrics_retrieval import CrossModalRetrieval, EmbeddingMetrics, FNMRAtFMR, QrelsMetrics, TrialMetrics
 from torchmetrics_retrieval.functional._search import keys, plan
 
@@ -19,16 +20,7 @@ DISTANCES = ["euclidean", "sqeuclidean", "cosine", "dot"]
 COMPILED = [True, False] if plan.HAS_NUMBA else [False]
 #: Every family: the kNN ranking, the full ranking, the pair metrics and ROC AUC, open-set identification, PCF.
 EVERY_FAMILY: dict[str, Any] = {
-    "cmc_top_k": (1, 5),
-    "precision_top_k": (5,),
-    "map_top_k": (5,),
-    "recall_top_k": (3,),
-    "ndcg_top_k": (4,),
-    "map_at_r": True,
-    "r_precision": True,
-    "mrr": True,
-    "map_full": True,
-    "minp": True,
+    **ALL_RANKING,
     "fmr_vals": (1e-2, 0.1),
     "eer": True,
     "roc_auc": True,
@@ -123,18 +115,12 @@ def test_compute_makes_no_float32_copy_of_a_half_set(monkeypatch: pytest.MonkeyP
     extra = fields(n, setup, seed=6)
     monkeypatch.setattr(keys, "_LAZY_PAIRS", 128)
     monkeypatch.setattr(keys, "_SELF_DOTS_BYTES", 8 * dim * 128)
-    monkeypatch.setattr(plan, "STAGE1_ROWS", 64)
-    monkeypatch.setattr(plan, "STAGE1_COLUMNS", 256)
-    monkeypatch.setattr(plan, "HALF_QUERY_CHUNKS", 3)
-    monkeypatch.setattr(plan, "SYMMETRIC_BUFFER_BYTES", 0)
-    monkeypatch.setattr(plan, "GROUP_ROWS", 256)
-    monkeypatch.setattr(plan, "SPILL_BYTES", 2**16)
     monkeypatch.setattr(plan, "KEY_TILE_ROWS", 256)  # the full-ranking count's key blocks
     monkeypatch.setattr(plan, "BLOCK_COLUMNS", 256)
     monkeypatch.setattr(plan, "SYMMETRIC_KEY_TILE", 256)
     metric = EmbeddingMetrics(storage_dtype=torch.float16, cmc_top_k=(1, 5), map_at_r=True, mrr=True, minp=True)
     metric.update(x, **extra)
-    with plan.force_compiled(True), LargestRows(dim) as seen:
+    with small_blocks(monkeypatch, sweep=True, compiled=True), LargestRows(dim) as seen:
         metric.compute()
     assert 0 < seen.largest[torch.float32] <= 256, seen.largest
     assert seen.largest[torch.float64] <= 256, seen.largest
@@ -142,7 +128,7 @@ def test_compute_makes_no_float32_copy_of_a_half_set(monkeypatch: pytest.MonkeyP
 
 def same_values(make: Any, feed: Any) -> None:
     """A metric fed half-precision rows gives the values of the same rows fed in float32, bit for bit."""
-    got, want = (feed(make(), lambda t, f=f: f(t)).compute() for f in (lambda t: t, lambda t: t.to(torch.float32)))
+    got, want = (feed(make(), convert).compute() for convert in (lambda t: t, lambda t: t.to(torch.float32)))
     if not isinstance(want, dict):
         got, want = {"value": got}, {"value": want}
     assert got.keys() == want.keys()

@@ -330,8 +330,8 @@ def symmetric_top_k(
             for block in _blocks(mine.numel() - n_a):
                 b_block = slice(n_a + block.start, n_a + block.stop)
                 caps = _kth(best)
-                sides = [(mine[rows], embeddings[rows], caps[rows]) for rows in (a, b_block)]
-                found_a, found_b = _bipartite_blocks(qg, sides[0], sides[1], options, k)
+                side_a, side_b = ((mine[rows], embeddings[rows], caps[rows]) for rows in (a, b_block))
+                found_a, found_b = _bipartite_blocks(qg, side_a, side_b, options, k)
                 _fold(best, a, found_a, k)
                 _fold(best, b_block, found_b, k)
     elif mine.numel():  # (float64 rows read on demand: no float64 copy of the shard beside the pass's buffers)
