@@ -162,8 +162,7 @@ def test_no_float32_or_float64_copy_of_a_half_set(
     query; both stay far below a block here, as they do when few queries need later rounds."""
     g = torch.Generator().manual_seed(4)
     x = (torch.randn(N, DIM, generator=g) * torch.exp(torch.randn(N, 1, generator=g))).to(torch.float16)
-    monkeypatch.setattr(keys, "_LAZY_PAIRS", 128)  # the canonical stage's gathered rows
-    monkeypatch.setattr(keys, "_SELF_DOTS_BYTES", 8 * DIM * 128)  # the norms' float64 blocks
+    monkeypatch.setattr(keys, "_LAZY_PAIRS", 128)  # the rows the canonical stage and the norms gather at once
     with small_blocks(monkeypatch, setup == "sweep", compiled), LargestRows(DIM) as seen:
         problem = problem_of(x, distance, setup)
         Search.prepare(problem, K, precision="float32")(torch.arange(problem.query.shape[0]))

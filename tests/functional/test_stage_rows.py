@@ -91,9 +91,10 @@ def test_norms_and_dots_of_lazy_rows_in_blocks(dtype: torch.dtype, monkeypatch: 
     x, y = adversarial(301, 24, dtype, seed=5), adversarial(203, 24, dtype, seed=6)
     x64, y64 = x.to(torch.float64), y.to(torch.float64)
     want = self_dots(x64)
-    for block_bytes in (8 * 24 * 7, 8 * 24 * 300, 8 * 24 * 301, 2**20):  # blocks of 7 rows, 300 + 1, one
-        monkeypatch.setattr(keys, "_SELF_DOTS_BYTES", block_bytes)
-        assert torch.equal(self_dots(Float64Rows(x)), want), block_bytes
+    for block, compiled_from in ((7, 1), (300, 10**9), (301, 1), (2**13, 1)):  # blocks of 7 rows, 300 + 1, one
+        monkeypatch.setattr(keys, "_LAZY_PAIRS", block)
+        monkeypatch.setattr(keys, "_COMPILED_PAIRS", compiled_from)  # the compiled kernel, or torch
+        assert torch.equal(self_dots(Float64Rows(x)), want), block
     g = torch.Generator().manual_seed(7)
     pairs = torch.randperm(x.shape[0] * y.shape[0], generator=g)[:3000]  # distinct pairs, as every caller's
     pair_rows, pair_cols = pairs // y.shape[0], pairs % y.shape[0]

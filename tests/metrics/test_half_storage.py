@@ -114,7 +114,6 @@ def test_compute_makes_no_float32_copy_of_a_half_set(monkeypatch: pytest.MonkeyP
     x = (torch.randn(n, dim, generator=g) * torch.exp(torch.randn(n, 1, generator=g))).to(torch.float16)
     extra = fields(n, setup, seed=6)
     monkeypatch.setattr(keys, "_LAZY_PAIRS", 128)
-    monkeypatch.setattr(keys, "_SELF_DOTS_BYTES", 8 * dim * 128)
     monkeypatch.setattr(plan, "KEY_TILE_ROWS", 256)  # the full-ranking count's key blocks
     monkeypatch.setattr(plan, "BLOCK_COLUMNS", 256)
     monkeypatch.setattr(plan, "SYMMETRIC_KEY_TILE", 256)

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 
 import torch
@@ -19,6 +18,7 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional._precision import ieee_sqrt
 from torchmetrics_retrieval.functional._search.float_order import ordered_key
+from torchmetrics_retrieval.functional._search.plan import HAS_NUMBA
 
 #: Float64 temporaries of :func:`stage_rows` (one block of rows at a time).
 _STAGE_BLOCK_BYTES = 32 * 2**20
@@ -70,11 +70,14 @@ class Float64Rows:
 
 #: Float64 rows (a tensor, or :class:`Float64Rows` read on demand).
 Rows64 = Tensor | Float64Rows
-#: Pairs whose rows are read at once from :class:`Float64Rows` in :func:`canonical_dots` (a few MiB of rows).
+#: The running sums of a canonical dot product (:func:`canonical_dots`).
+LANES = 4
+#: Pairs whose rows :func:`canonical_dots` gathers at once where the compiled kernel cannot read them as stored.
 _LAZY_PAIRS = 2**13
-#: Float64 rows of :func:`self_dots` read at once from :class:`Float64Rows`: a few large blocks (each product is a
-#: parallel region, whose start costs more than a smaller block saves when the cores are shared).
-_SELF_DOTS_BYTES = 48 * 2**20
+#: Shorter lists of pairs take torch (the same values): loading the compiled kernel costs more than it saves.
+_COMPILED_PAIRS = 2**12
+#: Row dtypes the compiled kernel reads as stored.
+_KERNEL_DTYPES = (torch.float32, torch.float64)
 
 
 def prepare(x: Tensor, distance: str, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor | None]:
@@ -141,89 +144,69 @@ def block_distances(q: Tensor, q_sq: Tensor | None, g: Tensor, g_sq: Tensor | No
 
 
 def canonical_dots(rows: Tensor, cols: Tensor, query64: Rows64, gallery64: Rows64) -> Tensor:
-    """``<query64[rows[i]], gallery64[cols[i]]>`` in float64, each pair computed on its own.
+    """``<query64[rows[i]], gallery64[cols[i]]>`` in float64, each pair computed on its own, in one order.
 
-    A sampled dense-dense product (one dot product per listed pair, no gathered copies): the value of a
-    pair does not depend on which other pairs are computed with it, so it is the same for every backend,
-    chunk size and query order. It is faster than a compiled per-pair loop (both are limited by fetching the
-    rows of random items). The pairs are grouped by the side with more rows, so that the rows fetched at
-    random come from the smaller side, which stays in cache. Both groupings give the same values bit for bit:
-    the kernel sums the elementwise products of the two rows in the same order either way.
+    A pair's ``D`` products are exact float64 products (of float32 or half entries; rounded once for float64
+    rows), summed into ``LANES = 4`` running sums (entry ``d`` into sum ``d % 4``, in order of ``d``) that are
+    combined as ``(s0 + s1) + (s2 + s3)``. The value depends on the pair alone: not on the other pairs, the
+    backend, the chunk size, the number of threads, nor on which side is the query (the products commute).
+
+    On the CPU the compiled kernel (``compiled.dot_kernels``) reads the rows as stored, float32 or float64,
+    without a float64 copy; elsewhere (or for small lists, half rows, without numba) torch computes the same
+    sums with the same elementwise operations, ``_LAZY_PAIRS`` pairs at a time.
     """
     n_pairs = rows.numel()
-    if n_pairs == 0:
-        return torch.zeros(0, dtype=torch.float64, device=query64.device)
-    if isinstance(query64, Float64Rows) or isinstance(gallery64, Float64Rows):
-        return _lazy_dots(rows, cols, query64, gallery64)
-    if gallery64.shape[0] > query64.shape[0]:
-        rows, cols, query64, gallery64 = cols, rows, gallery64, query64
-    # CSR needs the pairs grouped by row (columns within a row may come in any order; each value is its
-    # own dot product). Pairs from ``nonzero`` are already row-major: sort only when they are not.
-    in_order = bool((rows[1:] >= rows[:-1]).all())
-    if in_order:
-        order = torch.arange(n_pairs, device=rows.device)
-    else:  # (int32 keys: half the bytes for the sort to move than int64 ones)
-        order = torch.sort(rows.int() if query64.shape[0] < 2**31 else rows, stable=True).indices
-    r, c = (rows, cols) if in_order else (rows[order], cols[order])
-    crow = torch.zeros(query64.shape[0] + 1, dtype=torch.long, device=rows.device)
-    crow[1:] = torch.cumsum(torch.bincount(r, minlength=query64.shape[0]), 0)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*[Ss]parse.*")
-        pattern = torch.sparse_csr_tensor(
-            crow,
-            c,
-            torch.zeros(n_pairs, dtype=torch.float64, device=rows.device),
-            size=(query64.shape[0], gallery64.shape[0]),
-            check_invariants=False,
-        )
-        values = torch.sparse.sampled_addmm(pattern, query64, gallery64.T, beta=0.0).values()
-    if in_order:
-        return values
-    out = torch.empty_like(values)
-    out[order] = values
+    x, y = _stored(query64), _stored(gallery64)
+    out = torch.empty(n_pairs, dtype=torch.float64, device=x.device)
+    if not n_pairs:
+        return out
+    if _compiled(x, y, n_pairs):
+        _kernel_dots(x, y, rows, cols, out)
+        return out
+    for start in range(0, n_pairs, _LAZY_PAIRS):
+        block = slice(start, start + _LAZY_PAIRS)
+        left, right = _readable(x[rows[block]]), _readable(y[cols[block]])
+        if _compiled(left, right, n_pairs):  # half rows: the block's rows in float32 (exact)
+            at = torch.arange(left.shape[0], device=left.device)
+            _kernel_dots(left, right, at, at, out[block])
+        else:
+            out[block] = _summed(left.to(torch.float64) * right.to(torch.float64))
     return out
 
 
-def _lazy_dots(rows: Tensor, cols: Tensor, query64: Rows64, gallery64: Rows64) -> Tensor:
-    """:func:`canonical_dots` of rows read on demand: the pairs in blocks (by row), each block's rows made float64
-    once and its columns pair by pair (the values do not depend on the rows around them), in buffers kept for the
-    next block. The columns are not de-duplicated: a block's are mostly distinct (candidates of different
-    queries), and the sort that would find the repeats cost more than the rows it saves."""
-    out = torch.empty(rows.numel(), dtype=torch.float64, device=rows.device)
-    n_pairs = rows.numel()
-    # pairs listed by ``nonzero`` (the usual callers) are already grouped by row: blocks are then slices
-    in_order = bool((rows[1:] >= rows[:-1]).all())
-    blocks = [slice(s, s + _LAZY_PAIRS) for s in range(0, n_pairs, _LAZY_PAIRS)] if in_order else None
-    query_rows, gallery_rows = _Gathered(query64), _Gathered(gallery64)
-    every = torch.arange(min(_LAZY_PAIRS, n_pairs), device=rows.device)
-    for block in blocks or torch.argsort(rows, stable=True).split(_LAZY_PAIRS):
-        used_rows, local_rows = torch.unique_consecutive(rows[block], return_inverse=True)
-        local_cols = every[: local_rows.numel()]
-        out[block] = canonical_dots(local_rows, local_cols, query_rows(used_rows), gallery_rows(cols[block]))
-    return out
+def _kernel_dots(x: Tensor, y: Tensor, rows: Tensor, cols: Tensor, out: Tensor) -> None:
+    """:func:`canonical_dots` by the compiled kernel into ``out``, the rows read as they are (strided too)."""
+    from torchmetrics_retrieval.functional._search.compiled.buffer import kernel_threads
+    from torchmetrics_retrieval.functional._search.compiled.dot_kernels import pair_dots
+
+    pair_dots(*(t.detach().numpy() for t in (x, y, rows, cols, out)), kernel_threads())
 
 
-class _Gathered:
-    """Float64 rows of a set gathered block after block into the same buffers: a new float64 block per block of
-    pairs cost more in page faults than the products. The buffers grow to the largest block asked for (a block's
-    distinct query rows are often a small share of its pairs)."""
+def _readable(rows: Tensor) -> Tensor:
+    """Rows the compiled kernel reads: half rows in float32 (exact), float32 and float64 rows as they are."""
+    return rows if rows.dtype in _KERNEL_DTYPES else rows.to(torch.float32)
 
-    def __init__(self, x64: Rows64) -> None:
-        self.x64 = x64
-        self.rows64: Tensor | None = None
-        self.rows: Tensor | None = None
 
-    def __call__(self, index: Tensor) -> Tensor:
-        """``x64[index]``, valid until the next call."""
-        n, dim, device = index.numel(), self.x64.shape[1], self.x64.device
-        if self.rows64 is None or self.rows64.shape[0] < n:
-            self.rows64 = torch.empty((n, dim), dtype=torch.float64, device=device)
-            if isinstance(self.x64, Float64Rows):
-                self.rows = torch.empty((n, dim), dtype=self.x64.x.dtype, device=device)
-        if isinstance(self.x64, Float64Rows):
-            assert self.rows is not None
-            return self.rows64[:n].copy_(torch.index_select(self.x64.x, 0, index, out=self.rows[:n]))
-        return torch.index_select(self.x64, 0, index, out=self.rows64[:n])
+def _stored(rows64: Rows64) -> Tensor:
+    """The rows as stored: a float64 tensor, or the tensor that :class:`Float64Rows` reads on demand."""
+    return rows64.x if isinstance(rows64, Float64Rows) else rows64
+
+
+def _compiled(x: Tensor, y: Tensor, n_pairs: int) -> bool:
+    """Whether the compiled kernel serves a list of ``n_pairs`` pairs of these rows (the same values either way)."""
+    plain = x.dtype in _KERNEL_DTYPES and y.dtype in _KERNEL_DTYPES
+    return HAS_NUMBA and x.device.type == "cpu" and plain and n_pairs >= _COMPILED_PAIRS
+
+
+def _summed(products: Tensor) -> Tensor:
+    """Each row's products summed in the canonical order (:func:`canonical_dots`), by elementwise float64 adds."""
+    n, dim = products.shape
+    full = dim - dim % LANES
+    sums = torch.zeros((n, LANES), dtype=torch.float64, device=products.device)
+    for start in range(0, full, LANES):  # D / 4 adds of (n, 4) columns: a loop over entries, not over pairs
+        sums += products[:, start : start + LANES]
+    sums[:, : dim - full] += products[:, full:]
+    return (sums[:, 0] + sums[:, 1]) + (sums[:, 2] + sums[:, 3])
 
 
 def largest_norm(rows: Tensor) -> float:
@@ -232,27 +215,9 @@ def largest_norm(rows: Tensor) -> float:
 
 
 def self_dots(x64: Rows64) -> Tensor:
-    """``<x_i, x_i>`` by the same kernel as :func:`canonical_dots` (so exact duplicates get distance 0)."""
-    if isinstance(x64, Float64Rows):
-        return _lazy_self_dots(x64)
+    """``<x_i, x_i>`` by :func:`canonical_dots` (so exact duplicates get distance 0)."""
     idx = torch.arange(x64.shape[0], device=x64.device)
     return canonical_dots(idx, idx, x64, x64)
-
-
-def _lazy_self_dots(x64: Float64Rows) -> Tensor:
-    """:func:`self_dots` of rows read on demand: block by block, each block's float64 rows written into one buffer,
-    mapped once (a new float64 block per block cost more in page faults than the products). A row's value does not
-    depend on the rows computed with it."""
-    n, dim, device = x64.shape[0], x64.shape[1], x64.device
-    step = max(1, _SELF_DOTS_BYTES // (8 * max(1, dim)))
-    out = torch.empty(n, dtype=torch.float64, device=device)
-    buffer = torch.empty((min(step, n), dim), dtype=torch.float64, device=device)
-    idx = torch.arange(buffer.shape[0], device=device)
-    for start in range(0, n, step):
-        block = x64.x[start : start + step]
-        rows, at = buffer[: block.shape[0]].copy_(block), idx[: block.shape[0]]
-        out[start : start + block.shape[0]] = canonical_dots(at, at, rows, rows)
-    return out
 
 
 def distances_from_dots(
