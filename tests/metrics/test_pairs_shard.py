@@ -31,6 +31,7 @@ from torchmetrics_retrieval.metrics import EmbeddingMetrics, FNMRAtFMR
 from torchmetrics_retrieval.metrics._sharded import auc as _shard_auc
 from torchmetrics_retrieval.metrics._sharded import embedding as _shard
 from torchmetrics_retrieval.metrics._sharded import pairs as _shard_pairs
+from torchmetrics_retrieval.metrics._sharded import tiles as _shard_tiles
 from torchmetrics_retrieval.metrics._sharded.gather import gather
 from torchmetrics_retrieval.metrics._sharded.global_set import ShardedSet, global_rows
 
@@ -100,6 +101,9 @@ SCENARIOS: dict[str, tuple[str, str, dict[str, Any], str]] = {
 NAN_LABELS = {"no_positive": torch.arange(N), "no_negative": torch.zeros(N, dtype=torch.long)}
 AUC_ONLY: dict[str, Any] = {**NO_RANKING, "fmr_vals": (), "roc_auc": True}
 FEW_BUCKETS = 8
+#: Bytes of row blocks fetched at once, by scenario in turn: one block per fetch, a few blocks (the last fetch of a
+#: pass shorter), every block in one fetch.
+FETCHES = (1, 250, 2**23)
 EMBEDDING_FIELDS = ("is_query", "is_gallery", "sequence_ids", "camera_ids")
 FNMR_FIELDS = ("is_query", "is_gallery", "sequence_ids", "search_groups")
 
@@ -210,8 +214,9 @@ def _scenarios(rank: int, world_size: int) -> dict[str, Any]:
     auc_calls: list[int] = []
     _shard_pairs.ShardedPairs = _counting(calls, _shard_pairs.ShardedPairs)  # type: ignore[assignment,misc]
     _shard_auc.sharded_roc_auc = _counting(auc_calls, _shard_auc.sharded_roc_auc)
-    for name, (metric, variant, options, feed) in SCENARIOS.items():
+    for i, (name, (metric, variant, options, feed)) in enumerate(SCENARIOS.items()):
         pairs_plan.N_BUCKETS = FEW_BUCKETS if name.startswith("few_buckets") else 2**16
+        _shard_tiles.FETCH_BYTES = FETCHES[i % len(FETCHES)]
         before, auc_before = len(calls), len(auc_calls)
         fed = _fed(_metric(metric, {**options, "distributed": "shard"}), rank, world_size, _data(variant, metric), feed)
         with plan.force_compiled(True if name.endswith("compiled") else None):  # the compiled kernels on tiny data

@@ -4,15 +4,16 @@ keeps one process's symmetric tiles (half the products).
 
 Column block ``j`` is held by one rank (its rows fetched from their owners once, at the start); the blocks go to
 the ranks largest first, each to the rank with the fewest pairs so far, so that the ranks' shares of a symmetric
-triangle differ by at most one block. The row blocks then travel one after the other: each is all-gathered (every
-rank sends its own rows of it) and every rank computes its tiles of that row block against the column blocks it
-holds. A rank holds its column blocks (about ``1 / P`` of the gallery) and one row block: never the whole set.
-What travels is a *payload* per sample, chosen by the pass: the float32 stage rows of the key passes, the rows
-themselves for ROC AUC.
+triangle differ by at most one block. The row blocks then travel in order, a few MiB at a time: each fetch is
+all-gathered (every rank sends its own rows of it) and every rank computes its tiles of those row blocks against
+the column blocks it holds. A rank holds its column blocks (about ``1 / P`` of the gallery) and the row blocks of
+one fetch: never the whole set. What travels is a *payload* per sample, chosen by the pass: the float32 stage rows
+of the key passes, the rows themselves for ROC AUC.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -24,7 +25,10 @@ from torchmetrics_retrieval.functional._search.blocks import TileSchedule
 from torchmetrics_retrieval.metrics._sharded.gather import gather
 from torchmetrics_retrieval.metrics._sharded.global_set import ShardedSet
 
-__all__ = ["ShardedTiles", "Tile"]
+__all__ = ["FETCH_BYTES", "ShardedTiles", "Tile"]
+
+#: Payload rows of the row blocks fetched in one collective (:meth:`ShardedTiles.tiles`).
+FETCH_BYTES = 8 * 2**20
 
 
 class Tile(NamedTuple):
@@ -87,14 +91,32 @@ class ShardedTiles:
     def tiles(self, first_rows_only: bool = False) -> Iterator[Tile]:
         """This rank's tiles, row blocks outer (``first_rows_only``: those of the first row block)."""
         schedule, positions = self.schedule, self.shards.qg.query_positions
-        for i, rows in enumerate(schedule.row_blocks[:1] if first_rows_only else schedule.row_blocks):
-            left = self.fetch(positions[rows])
-            for j, right in self.held.items():
-                cols = schedule.col_blocks[j]
-                if schedule.symmetric and cols.start < rows.start:
-                    continue
-                diagonal = schedule.symmetric and i == j
-                yield Tile(rows, cols, left, None if diagonal else right, schedule.mirrored(rows, cols))
+        row_blocks = schedule.row_blocks[:1] if first_rows_only else schedule.row_blocks
+        for first, last in self._fetches(row_blocks):
+            start = row_blocks[first].start
+            fetched = self.fetch(positions[start : row_blocks[last].stop])
+            for i in range(first, last + 1):
+                rows = row_blocks[i]
+                left = fetched[rows.start - start : rows.stop - start]
+                for j, right in self.held.items():
+                    cols = schedule.col_blocks[j]
+                    if schedule.symmetric and cols.start < rows.start:
+                        continue
+                    diagonal = schedule.symmetric and i == j
+                    yield Tile(rows, cols, left, None if diagonal else right, schedule.mirrored(rows, cols))
+
+    def _fetches(self, row_blocks: list[slice]) -> list[tuple[int, int]]:
+        """The row blocks fetched together, ``(first, last)``: whole blocks of at most ``FETCH_BYTES`` (at least
+        one block). A rank's tiles of one row block may take a tile longer than another rank's, and every fetch
+        makes the faster rank wait for the difference: over several row blocks the differences even out."""
+        row_bytes = max(1, math.prod(self.payload.shape[1:])) * self.payload.element_size()  # the same on every rank
+        groups: list[tuple[int, int]] = []
+        for i, rows in enumerate(row_blocks):
+            if groups and (rows.stop - row_blocks[groups[-1][0]].start) * row_bytes <= FETCH_BYTES:
+                groups[-1] = (groups[-1][0], i)
+            else:
+                groups.append((i, i))
+        return groups
 
     def n_pairs(self) -> int:
         """The ordered pairs of this rank's tiles (its progress bar's total)."""
