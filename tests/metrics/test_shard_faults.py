@@ -49,14 +49,16 @@ PAIRS: dict[str, Any] = {"fmr_vals": (0.1,), "eer": True, "chunk_size": 32}  # s
 #: scenario: (metric factory, module, attribute to make fail on rank 1, failing call (1: the first))
 SCENARIOS: dict[str, tuple[Callable[..., Metric], Any, str, int]] = {
     "own_search": (lambda **kw: EmbeddingMetrics(**KNN, **kw), shard_search, "_search", 1),
-    "bipartite": (lambda **kw: EmbeddingMetrics(**KNN, **kw), shard_search, "_bipartite", 20),  # in step 3 of 8
+    # on two ranks rank 1 searches its 120 rows, 12 at a time, against 15 visiting blocks of 4 rows (each call
+    # counted twice: the smaller side first), so call 100 falls in step 5 of 15
+    "bipartite": (lambda **kw: EmbeddingMetrics(**KNN, **kw), shard_search, "_bipartite", 100),
     "pair_passes": (lambda **kw: EmbeddingMetrics(**PAIRS, **kw), shard_pairs.ShardedPairs, "_keys", 2),
     "after_last_collective": (lambda **kw: EmbeddingMetrics(**KNN, **kw), shard_embedding, "reduce_per_query", 1),
     "fnmr_at_fmr": (lambda **kw: FNMRAtFMR(**PAIRS, **kw), shard_pairs.ShardedPairs, "_keys", 1),
     "contrastive": (lambda **kw: ContrastiveAccuracy(top_k=(1, 5), **kw), shard_contrastive, "_count_above", 1),
-    # both directions from one stacked search: 120 A and 120 B rows a rank, in blocks of 16: calls 1-64 are the own
-    # pass, 65-128 the visiting round
-    "cross_modal": (lambda **kw: CrossModalRetrieval(cmc_top_k=(1, 5), **kw), shard_search, "_bipartite", 100),
+    # both directions from one stacked search: 120 A and 120 B rows a rank, in blocks of 8: calls 1-225 are the own
+    # pass, 226-450 the visiting round
+    "cross_modal": (lambda **kw: CrossModalRetrieval(cmc_top_k=(1, 5), **kw), shard_search, "_bipartite", 300),
 }
 
 

@@ -13,8 +13,9 @@ gives the top K of one search over the whole set, bit for bit.
   first; ``Problem.caps``): nothing farther can enter its top K, so the pass starts from those thresholds
   instead of a sample, and later rounds start lower. With an even ``P`` the two shards ``P / 2`` apart split
   their rectangle in halves. So every rank does ``1 / P`` of the products; it holds its own shard, the pass of its
-  own search, and bipartite passes of at most ``VISIT_ROWS`` of its rows against one visiting block, the next
-  block in flight.
+  own search, and bipartite passes of at most ``VISIT_ROWS`` rows (a visiting block of at most half of them, and
+  its searched rows a block at a time), the next visiting block in flight. Every rank takes a round in the same
+  number of steps, each a share of its visitors, so that a step costs every rank alike.
   A cross-modal set (``is_b``: A samples against B ones) takes the same passes: its own pass is the bipartite
   pass of its A rows against its B rows, and in ``P - 1`` rounds every other rank's B rows visit its A rows.
 * :func:`one_sided_top_k` - queries and gallery apart (``is_query``/``is_gallery``): each rank's next block
@@ -51,7 +52,7 @@ __all__ = ["QUERY_BLOCK", "VISIT_ROWS", "one_sided_top_k", "symmetric_fits", "sy
 
 #: Queries of one rank searched per round of :func:`one_sided_top_k` (each round all-gathers one block per rank).
 QUERY_BLOCK = 4096
-#: At most this many rows of another rank's shard visit at once in :func:`symmetric_top_k`.
+#: Rows of one bipartite pass of :func:`symmetric_top_k` (at most half of them visiting, from another rank).
 VISIT_ROWS = 16384
 
 #: Tags of the point-to-point messages: embeddings of visiting rows, candidates going home.
@@ -147,9 +148,10 @@ def _wait(works: list[Any]) -> None:
             work.wait()
 
 
-def _blocks(n: int) -> list[slice]:
-    """``n`` rows in equal blocks of at most ``VISIT_ROWS``."""
-    size = math.ceil(n / math.ceil(n / VISIT_ROWS)) if n else 1
+def _blocks(n: int, parts: int | None = None, most: int | None = None) -> list[slice]:
+    """``n`` rows in ``parts`` equal blocks (by default as few as hold at most ``most`` rows each, by default half
+    a pass: ``VISIT_ROWS / 2``, read when called)."""
+    size = math.ceil(n / (parts or math.ceil(n / max(1, most or VISIT_ROWS // 2)))) if n else 1
     return [slice(start, min(start + size, n)) for start in range(0, n, size)]
 
 
@@ -185,10 +187,12 @@ def _bipartite_blocks(
     options: RetrievalOptions,
     k: int,
 ) -> tuple[Found, Found]:
-    """:func:`_bipartite` of ``searched`` against one visiting block, ``VISIT_ROWS`` searched rows at a time: a
-    pass then holds two blocks of rows, whatever the size of the shard (the visitors' lists are merged)."""
+    """:func:`_bipartite` of ``searched`` against one visiting block (of at most ``VISIT_ROWS / 2`` rows), as many
+    searched rows at a time as fill a pass of ``VISIT_ROWS``: a pass holds that many rows, whatever the size of the
+    shard (the visitors' lists are merged)."""
+    most = max(VISIT_ROWS // 2, VISIT_ROWS - visiting[0].numel())
     parts = [_bipartite(qg, (searched[0][b], searched[1][b], searched[2][b]), visiting, options, k)
-             for b in _blocks(searched[0].numel())]  # fmt: skip
+             for b in _blocks(searched[0].numel(), most=most)]  # fmt: skip
     ours = _joined([part[0] for part in parts], dim=0)
     return ours, functools.reduce(lambda found, part: _merge_two(found, part, k), [part[1] for part in parts])
 
@@ -253,8 +257,12 @@ def _visit(
     blocks in flight are received before it is raised: none is left to be matched by a later round or call."""
     rows, (source, sink) = searched[0], peers
     embeddings, caps = sent
-    outgoing = [[embeddings[b], caps[b]] for b in _blocks(embeddings.shape[0])]
-    blocks = [visiting[b] for b in _blocks(visiting.numel())]
+    # every rank takes the same number of steps, each its visitors' share of them: a step's passes then cost every
+    # rank alike (the searched rows times the block), and no rank waits at a step's checkpoint for a larger one
+    needed = max(len(_blocks(embeddings.shape[0])), len(_blocks(visiting.numel())))  # visiting blocks: half a pass
+    steps = int(all_reduce(torch.tensor([needed], device=embeddings.device), group, dist.ReduceOp.MAX))
+    outgoing = [[embeddings[b], caps[b]] for b in _blocks(embeddings.shape[0], steps)]
+    blocks = [visiting[b] for b in _blocks(visiting.numel(), steps)]
 
     def arriving(i: int) -> tuple[Tensor, Tensor] | None:
         """Room for step ``i``'s block in (None when none comes): made before the checkpoint, as it may fail."""
@@ -268,8 +276,7 @@ def _visit(
         return _post(send, sink, [] if block is None else list(block), source, group, _EMBEDDINGS)
 
     incoming = arriving(0)
-    needed = torch.tensor([max(len(outgoing), len(blocks))], device=embeddings.device)
-    steps = int(all_reduce(needed, group, dist.ReduceOp.MAX))
+    checkpoint(group)  # (after the room for the first block: posted, a block must be received)
     ours: Found | None = None
     theirs: list[Found] = []
     works = post(0, incoming) if steps else []
