@@ -59,6 +59,8 @@ VISIT_ROWS = 16384
 _EMBEDDINGS, _CANDIDATES = 1, 2
 #: ``(distances (R, K), global gallery rows (R, K), valid (R, K))``
 Found = tuple[Tensor, Tensor, Tensor]
+#: ``(global rows (R,), embeddings (R, D), caps (R,))``: samples entering a bipartite pass
+Samples = tuple[Tensor, Tensor, Tensor]
 
 
 def _subset(qg: QueryGallery, rows: Tensor, embeddings: Tensor) -> QueryGallery:
@@ -156,15 +158,11 @@ def _blocks(n: int, parts: int | None = None, most: int | None = None) -> list[s
 
 
 def _bipartite(
-    qg: QueryGallery,
-    left: tuple[Tensor, Tensor, Tensor],
-    right: tuple[Tensor, Tensor, Tensor],
-    options: RetrievalOptions,
-    k: int,
+    qg: QueryGallery, left: Samples, right: Samples, options: RetrievalOptions, k: int
 ) -> tuple[Found, Found]:
-    """Exact top ``k`` of two disjoint sets of samples ``(rows, embeddings, caps)`` each against the other, from
-    one bipartite symmetric pass: each sample's candidates within its cap (the K-th distance it already has;
-    nothing beyond it can enter its top K); the items are global rows."""
+    """Exact top ``k`` of two disjoint sets of samples each against the other, from one bipartite symmetric pass:
+    each sample's candidates within its cap (the K-th distance it already has; nothing beyond it can enter its top
+    K); the items are global rows."""
     if left[0].numel() > right[0].numel():  # the smaller side as the rows: the wide side fills the column blocks
         found_right, found_left = _bipartite(qg, right, left, options, k)
         return found_left, found_right
@@ -181,11 +179,7 @@ def _bipartite(
 
 
 def _bipartite_blocks(
-    qg: QueryGallery,
-    searched: tuple[Tensor, Tensor, Tensor],
-    visiting: tuple[Tensor, Tensor, Tensor],
-    options: RetrievalOptions,
-    k: int,
+    qg: QueryGallery, searched: Samples, visiting: Samples, options: RetrievalOptions, k: int
 ) -> tuple[Found, Found]:
     """:func:`_bipartite` of ``searched`` against one visiting block (of at most ``VISIT_ROWS / 2`` rows), as many
     searched rows at a time as fill a pass of ``VISIT_ROWS``: a pass holds that many rows, whatever the size of the
@@ -238,7 +232,7 @@ def symmetric_fits(shards: ShardedSet, k: int, options: RetrievalOptions) -> boo
 
 def _visit(
     qg: QueryGallery,
-    searched: tuple[Tensor, Tensor, Tensor],
+    searched: Samples,
     sent: tuple[Tensor, Tensor],
     visiting: Tensor,
     peers: tuple[int, int],
