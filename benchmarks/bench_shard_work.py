@@ -3,8 +3,8 @@
 ``bench_ddp.py`` times the ranks as they run together: on a machine with fewer cores than ranks, their CPU time
 also holds what sharing the cores costs. This benchmark runs the same searches one after the other in one process,
 with no other process competing: every search a rank of P runs in ``symmetric_top_k`` (its shard against itself,
-then the bipartite passes it serves, ``VISIT_ROWS`` of its rows at a time, each side capped at the K-th distance
-its own search found) and the merges that fold each pass's candidates into its lists. Their sum, divided by the
+then the bipartite passes it serves, in the steps of a round, each side capped at the K-th distance found so
+far) and the merges that fold each pass's candidates into its lists. Their sum, divided by the
 time of one search of the whole set, is the work the sharded decomposition adds. The whole search and every P take
 turns, round after round, at each thread count. Usage::
 
@@ -33,8 +33,10 @@ from torchmetrics_retrieval.functional._sets import split_query_gallery
 from torchmetrics_retrieval.metrics._sharded.search import (
     Found,
     _bipartite_blocks,
+    _blocks,
     _fold,
     _kth,
+    _merge_two,
     _padded,
     _search,
     _subset,
@@ -82,20 +84,28 @@ def decomposition(n: int, world: int) -> Callable[[], tuple[dict[str, float], li
                 start = time.process_time()
                 merged.append(own(rows))
                 seconds["own"] += time.process_time() - start
+            # every rank takes a round in the same steps, each a share of its visitors (``_visit``)
+            steps = max(len(_blocks(shards[peer][visiting].numel())) for _, _, peer, visiting in passes())
             for rank, searched, peer, visiting in passes():
-                start = time.process_time()
-                ours, theirs = _bipartite_blocks(
-                    qg,
-                    side(shards[rank][searched], caps[rank][searched]),
-                    side(shards[peer][visiting], caps[peer][visiting]),
-                    options,
-                    K,
-                )
-                seconds["bipartite"] += time.process_time() - start
-                start = time.process_time()
-                _fold(merged[rank], searched, ours, K)
-                _fold(merged[peer], visiting, theirs, K)
-                seconds["merge"] += time.process_time() - start
+                rows, row_caps = shards[rank][searched], caps[rank][searched]
+                first = visiting.start or 0
+                ours = None
+                for block in _blocks(shards[peer][visiting].numel(), steps):
+                    arriving = slice(first + block.start, first + block.stop)
+                    start = time.process_time()
+                    found, theirs = _bipartite_blocks(
+                        qg, side(rows, row_caps), side(shards[peer][arriving], caps[peer][arriving]), options, K
+                    )
+                    seconds["bipartite"] += time.process_time() - start
+                    start = time.process_time()
+                    ours = found if ours is None else _merge_two(ours, found, K)
+                    row_caps = torch.minimum(row_caps, _kth(ours))  # the next block meets the rows capped lower
+                    _fold(merged[peer], arriving, theirs, K)
+                    seconds["merge"] += time.process_time() - start
+                if ours is not None:
+                    start = time.process_time()
+                    _fold(merged[rank], searched, ours, K)
+                    seconds["merge"] += time.process_time() - start
         return seconds, merged
 
     return run

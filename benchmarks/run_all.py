@@ -62,7 +62,7 @@ STEPS: dict[str, tuple[str, list[str], list[str]]] = {
     ),
     "ddp_memory": (
         "bench_ddp.py",
-        "--n 40000 --ranks 2 --rounds 1 --families knn pairs roc_auc".split(),
+        "--n 60000 --ranks 2 --rounds 1".split(),
         "--n 3000 --ranks 2 --rounds 1 --families knn".split(),
     ),
 }

@@ -77,10 +77,14 @@ def test_command_line_runs_workers_in_subprocesses(bench: ModuleType, capsys: py
     assert "| ours |" in out and "| speed-up |" in out and "failed" not in out
 
 
+@pytest.mark.parametrize("visit_rows", [16384, 256])  # one step a round, or several
 @pytest.mark.parametrize("world", [2, 3])
-def test_shard_work_models_the_sharded_search(world: int) -> None:
+def test_shard_work_models_the_sharded_search(world: int, visit_rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The searches ``bench_shard_work`` times, merged per rank, are the whole search's top K: the model leaves no
     pair out and computes none twice to get there."""
+    from torchmetrics_retrieval.metrics._sharded import search
+
+    monkeypatch.setattr(search, "VISIT_ROWS", visit_rows)
     common = load_benchmark("_common")  # the benchmark imports it by this name
     work = load_benchmark("bench_shard_work")
     n = 1500

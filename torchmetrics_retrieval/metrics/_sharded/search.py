@@ -26,7 +26,6 @@ Only ``torch.distributed`` collectives and point-to-point operations that both g
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -183,12 +182,18 @@ def _bipartite_blocks(
 ) -> tuple[Found, Found]:
     """:func:`_bipartite` of ``searched`` against one visiting block (of at most ``VISIT_ROWS / 2`` rows), as many
     searched rows at a time as fill a pass of ``VISIT_ROWS``: a pass holds that many rows, whatever the size of the
-    shard (the visitors' lists are merged)."""
+    shard (the visitors' lists are merged, and each block of searched rows meets them capped at the K-th distance
+    they have found so far)."""
     most = max(VISIT_ROWS // 2, VISIT_ROWS - visiting[0].numel())
-    parts = [_bipartite(qg, (searched[0][b], searched[1][b], searched[2][b]), visiting, options, k)
-             for b in _blocks(searched[0].numel(), most=most)]  # fmt: skip
-    ours = _joined([part[0] for part in parts], dim=0)
-    return ours, functools.reduce(lambda found, part: _merge_two(found, part, k), [part[1] for part in parts])
+    ours: list[Found] = []
+    theirs: Found | None = None
+    for b in _blocks(searched[0].numel(), most=most):
+        capped = visiting if theirs is None else (*visiting[:2], torch.minimum(visiting[2], _kth(theirs)))
+        found_ours, found_theirs = _bipartite(qg, (searched[0][b], searched[1][b], searched[2][b]), capped, options, k)
+        ours.append(found_ours)
+        theirs = found_theirs if theirs is None else _merge_two(theirs, found_theirs, k)
+    assert theirs is not None  # (a searched side of no rows is never passed)
+    return _joined(ours, dim=0), theirs
 
 
 def _joined(parts: list[Found], dim: int) -> Found:
