@@ -79,7 +79,7 @@ def _symmetric_scenarios(rank: int, world_size: int) -> dict[str, Any]:
         "symmetric_uneven": _outcome(_by_shards(rank, UNEVEN[world_size], data, indexes=True)),
         "symmetric_empty_rank": _outcome(_by_shards(rank, WITH_EMPTY[world_size], data, indexes=True)),
     }
-    shard_search.VISIT_ROWS = 2
+    shard_search.VISIT_ROWS = 4  # visiting blocks of 2 rows: several steps a round
     outcomes["symmetric_blocks"] = _outcome(_by_shards(rank, UNEVEN[world_size], data, indexes=False))
     merges = []  # the candidate lists merged by the compiled kernel (this small data takes the torch merge otherwise)
     merge_sorted = shard_search.merge_sorted

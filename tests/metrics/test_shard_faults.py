@@ -49,16 +49,16 @@ PAIRS: dict[str, Any] = {"fmr_vals": (0.1,), "eer": True, "chunk_size": 32}  # s
 #: scenario: (metric factory, module, attribute to make fail on rank 1, failing call (1: the first))
 SCENARIOS: dict[str, tuple[Callable[..., Metric], Any, str, int]] = {
     "own_search": (lambda **kw: EmbeddingMetrics(**KNN, **kw), shard_search, "_search", 1),
-    # on two ranks rank 1 searches its 120 rows, 12 at a time, against 15 visiting blocks of 4 rows (each call
-    # counted twice: the smaller side first), so call 100 falls in step 5 of 15
-    "bipartite": (lambda **kw: EmbeddingMetrics(**KNN, **kw), shard_search, "_bipartite", 100),
+    # on two ranks rank 1 searches its 120 rows, 24 at a time, against 8 visiting blocks of 8 rows (each call
+    # counted twice: the smaller side first), so call 40 falls in step 4 of 8
+    "bipartite": (lambda **kw: EmbeddingMetrics(**KNN, **kw), shard_search, "_bipartite", 40),
     "pair_passes": (lambda **kw: EmbeddingMetrics(**PAIRS, **kw), shard_pairs.ShardedPairs, "_keys", 2),
     "after_last_collective": (lambda **kw: EmbeddingMetrics(**KNN, **kw), shard_embedding, "reduce_per_query", 1),
     "fnmr_at_fmr": (lambda **kw: FNMRAtFMR(**PAIRS, **kw), shard_pairs.ShardedPairs, "_keys", 1),
     "contrastive": (lambda **kw: ContrastiveAccuracy(top_k=(1, 5), **kw), shard_contrastive, "_count_above", 1),
-    # both directions from one stacked search: 120 A and 120 B rows a rank, in blocks of 8: calls 1-225 are the own
-    # pass, 226-450 the visiting round
-    "cross_modal": (lambda **kw: CrossModalRetrieval(cmc_top_k=(1, 5), **kw), shard_search, "_bipartite", 300),
+    # both directions from one stacked search: 120 A and 120 B rows a rank, in blocks of 15: calls 1-64 are the own
+    # pass, 65-128 the visiting round
+    "cross_modal": (lambda **kw: CrossModalRetrieval(cmc_top_k=(1, 5), **kw), shard_search, "_bipartite", 100),
 }
 
 
@@ -114,7 +114,7 @@ def _fails_on(rank: int, target: Any, name: str, on_call: int) -> Iterator[None]
 
 def _scenarios(rank: int, world_size: int, names: list[str]) -> dict[str, dict[str, Any]]:
     group = dist.new_group(backend="gloo", timeout=GROUP_TIMEOUT)
-    shard_search.VISIT_ROWS = 16  # several visiting blocks per round: the failure falls between two exchanges
+    shard_search.VISIT_ROWS = 32  # several visiting blocks per round: the failure falls between two exchanges
     outcomes: dict[str, dict[str, Any]] = {}
     for name in names:
         make, target, attribute, on_call = SCENARIOS[name]

@@ -49,8 +49,9 @@ class Float64Rows:
     (every float32 is a float64) without holding one, for a set too large to copy whole.
 
     Every reader of a problem's float64 rows indexes them (``rows64[index]``) or passes them to
-    :func:`canonical_dots`, :func:`self_dots` and :func:`stage_rows`, which read them block by block; a pair's
-    canonical dot product does not depend on which other rows are present, so the values are those of the copy.
+    :func:`canonical_dots` and :func:`self_dots` (which read the stored rows, in float64 pair by pair) or
+    :func:`stage_rows` (block by block); a pair's canonical dot product does not depend on which other rows are
+    present, so the values are those of the copy.
     """
 
     def __init__(self, x: Tensor) -> None:

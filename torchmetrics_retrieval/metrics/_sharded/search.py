@@ -150,8 +150,8 @@ def _wait(works: list[Any]) -> None:
 
 
 def _blocks(n: int, parts: int | None = None, most: int | None = None) -> list[slice]:
-    """``n`` rows in ``parts`` equal blocks (by default as few as hold at most ``most`` rows each, by default half
-    a pass: ``VISIT_ROWS / 2``, read when called)."""
+    """``n`` rows in ``parts`` equal blocks; by default as few as hold at most ``most`` rows each (by default
+    ``VISIT_ROWS / 2``, read at the call: a visiting block fills half a pass)."""
     size = math.ceil(n / (parts or math.ceil(n / max(1, most or VISIT_ROWS // 2)))) if n else 1
     return [slice(start, min(start + size, n)) for start in range(0, n, size)]
 
