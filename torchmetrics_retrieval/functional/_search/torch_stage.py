@@ -18,7 +18,24 @@ from torchmetrics_retrieval.functional._search.stream_topk import BlockMemory, s
 from torchmetrics_retrieval.functional._search.symmetric_sweep import SymmetricSweep
 from torchmetrics_retrieval.functional._search.types import consecutive_start
 
-__all__ = ["SymmetricKeys", "TorchStage"]
+__all__ = ["SymmetricKeys", "TorchStage", "symmetric_left_rows", "symmetric_right_rows"]
+
+
+def symmetric_right_rows(x: Tensor, half_sq: Tensor | None) -> Tensor:
+    """The right operand of :class:`SymmetricKeys`' product for the rows ``x``: ``[x, h, 1]`` (``h = |x|^2 / 2``),
+    or a contiguous copy of ``x`` without ``half_sq`` (dot, cosine). A block's key is
+    ``symmetric_left_rows(r) @ c.T`` of two of them, ``r`` its rows and ``c`` its columns."""
+    if half_sq is None:
+        return x.contiguous()
+    return torch.cat([x, half_sq[:, None], torch.ones_like(x[:, :1])], dim=1)
+
+
+def symmetric_left_rows(right: Tensor, dim: int) -> Tensor:
+    """The left operand from rows made by :func:`symmetric_right_rows` (``dim``: the embeddings' dimension):
+    ``[-x, 1, h]`` from ``[x, h, 1]``, or ``-x``."""
+    if right.shape[1] == dim:
+        return -right
+    return torch.cat([-right[:, :dim], right[:, [dim + 1, dim]]], dim=1)
 
 
 class SymmetricKeys:
@@ -40,7 +57,7 @@ class SymmetricKeys:
         self.source = x if isinstance(x, BlockRows) else None
         self.rows: Tensor | None = None
         if isinstance(x, Tensor):
-            self.rows = x if half_sq is None else torch.cat([x, half_sq[:, None], torch.ones_like(x[:, :1])], dim=1)
+            self.rows = x if half_sq is None else symmetric_right_rows(x, half_sq)
         self.memory = BlockMemory()
         self.wide = BlockMemory()  # the right rows ``[x, h, 1]`` of a block made from half rows
         self.left: tuple[slice | None, Tensor | None] = (None, None)  # the left rows of the last row block
@@ -69,11 +86,7 @@ class SymmetricKeys:
     def _left_rows(self, rows: slice) -> Tensor:
         cached_rows, left = self.left
         if left is None or cached_rows != rows:
-            right = self._right_rows(rows)
-            if right.shape[1] == self.dim:
-                left = -right
-            else:  # [-x, 1, h] from [x, h, 1]
-                left = torch.cat([-right[:, : self.dim], right[:, [self.dim + 1, self.dim]]], dim=1)
+            left = symmetric_left_rows(self._right_rows(rows), self.dim)
             self.left = (rows, left)
         return left
 

@@ -48,9 +48,12 @@ from torchmetrics_retrieval.metrics._sharded.gather import all_reduce, gather
 from torchmetrics_retrieval.metrics._sharded.global_set import ShardedSet, placeholder_problem, restrict_gallery
 from torchmetrics_retrieval.metrics._sharded.rounds import visiting_rounds
 from torchmetrics_retrieval.metrics._sharded.search import QUERY_BLOCK
-from torchmetrics_retrieval.metrics._sharded.tiles import ShardedTiles
+from torchmetrics_retrieval.metrics._sharded.tiles import Forms, ShardedTiles
 
 __all__ = ["sharded_roc_auc"]
+
+#: A block of rows in float64 and their canonical squared norms.
+Float64Block = tuple[Tensor, Tensor]
 
 
 class _Rounds:
@@ -83,13 +86,16 @@ class _Rounds:
             yield sub, problem
 
 
-def _product_tiles(tiles: ShardedTiles, problem: Problem) -> Iterator[ProductTile]:
-    """This rank's tiles as float64 products, each with a problem of its own rows (their canonical norms are
-    computed row by row, as one process computes them)."""
+def _float64_block(payload: Tensor) -> tuple[Tensor, Tensor]:
+    """A block of rows in float64 with their canonical squared norms, computed row by row as one process does."""
+    rows = payload.to(torch.float64)
+    return rows, self_dots(rows)
+
+
+def _product_tiles(tiles: ShardedTiles[Float64Block, Float64Block], problem: Problem) -> Iterator[ProductTile]:
+    """This rank's tiles as float64 products, each with a problem of its own rows."""
     for tile in tiles.tiles():
-        left = tile.left.to(torch.float64)
-        right = left if tile.right is None else tile.right.to(torch.float64)
-        left_sq, right_sq = self_dots(left), self_dots(right)
+        (left, left_sq), (right, right_sq) = tile.left, tile.left if tile.right is None else tile.right
         own = problem._replace(query64=left, gallery64=right, query_sq64=left_sq, gallery_sq64=right_sq)
         at_rows, at_cols = slice(0, left.shape[0]), slice(0, right.shape[0])
         yield ProductTile(tile.rows, tile.cols, torch.mm(left, right.T), tile.mirrored, own, at_rows, at_cols)
@@ -125,7 +131,7 @@ def sharded_roc_auc(
         return undefined
     problem = placeholder_problem(qg, distance)
     schedule = TileSchedule.of(qg.query.shape[0], qg.gallery.shape[0], chunk_size, problem.symmetric, 9)
-    tiles = ShardedTiles(shards, schedule, local)
+    tiles = ShardedTiles(shards, schedule, local, Forms(_float64_block, _float64_block))
     with section("pairs, ROC AUC", tiles.n_pairs()):
         placed = place_negatives(
             qg, problem, _Positives(every_positive), label_comparison_fn, chunk_size, _product_tiles(tiles, problem)

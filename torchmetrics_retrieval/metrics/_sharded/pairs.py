@@ -32,7 +32,7 @@ Each tile is computed by one rank, so each ordered pair is counted once. A rank 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -47,16 +47,23 @@ from torchmetrics_retrieval.functional._progress import advance
 from torchmetrics_retrieval.functional._search.blocks import TileSchedule
 from torchmetrics_retrieval.functional._search.key_blocks import KeyBlock
 from torchmetrics_retrieval.functional._search.keys import Float64Rows, self_dots, stage_rows
-from torchmetrics_retrieval.functional._search.stream_topk import addmm_keys
-from torchmetrics_retrieval.functional._search.torch_stage import SymmetricKeys
+from torchmetrics_retrieval.functional._search.stream_topk import BlockMemory
+from torchmetrics_retrieval.functional._search.torch_stage import symmetric_left_rows, symmetric_right_rows
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
 from torchmetrics_retrieval.functional.verification import PairRequest, _bounds_of_norms, statistics_keys
 from torchmetrics_retrieval.metrics._sharded import auc as sharded_auc
 from torchmetrics_retrieval.metrics._sharded.gather import all_reduce, gather
 from torchmetrics_retrieval.metrics._sharded.global_set import ShardedSet, global_problem, placeholder_problem
-from torchmetrics_retrieval.metrics._sharded.tiles import ShardedTiles
+from torchmetrics_retrieval.metrics._sharded.tiles import Forms, ShardedTiles, Tile
 
 __all__ = ["ShardedPairs", "sharded_pair_compute", "sharded_pair_metrics"]
+
+
+class _RowBlock(NamedTuple):
+    """A row block's operands: the left one of its products, and (symmetric) the right one of its diagonal tile."""
+
+    left: Tensor
+    right: Tensor | None
 
 
 class ShardedPairs(PairPasses):
@@ -85,33 +92,52 @@ class ShardedPairs(PairPasses):
         every_sq = torch.cat(parts)[first[owner] + row]  # by global position
         super().__init__(qg, distance, label_comparison_fn, chunk_size, placeholder_problem(qg, distance, every_sq))
         schedule = TileSchedule.of(qg.query.shape[0], qg.gallery.shape[0], chunk_size, self.symmetric)
-        self.sharded_tiles = ShardedTiles(shards, schedule, stage_payload)
+        self.dim = stage_payload.shape[1] - 1
+        self.memory = BlockMemory()  # every tile's keys in one buffer, as on one process
+        forms = Forms(self._row_block, self._symmetric_rows if self.symmetric else self._gallery_block)
+        self.sharded_tiles: ShardedTiles[_RowBlock, Any] = ShardedTiles(shards, schedule, stage_payload, forms)
         self.n_pairs = self.sharded_tiles.n_pairs()
 
     @property
     def symmetric(self) -> bool:
         return self.problem.symmetric
 
-    def _keys(self, left: Tensor, right: Tensor | None) -> Tensor:
-        """The keys of a tile by ``key_blocks``' product (``right`` None: a diagonal tile of the symmetric set)."""
-        dim = left.shape[1] - 1
+    def _symmetric_rows(self, payload: Tensor) -> Tensor:
+        """A block of the symmetric set as the right operand of ``SymmetricKeys``' product (the same tensor)."""
+        dim = self.dim
+        return symmetric_right_rows(payload[:, :dim], payload[:, dim] / 2 if self.l2 else None)
+
+    def _gallery_block(self, payload: Tensor) -> tuple[Tensor, Tensor]:
+        """A gallery block as ``addmm_keys`` reads it: its contiguous rows and the keys' bias (``|g|^2`` or 0)."""
+        rows = payload[:, : self.dim].contiguous()
+        return rows, payload[:, self.dim].clone() if self.l2 else torch.zeros_like(rows[:, 0])
+
+    def _row_block(self, payload: Tensor) -> _RowBlock:
+        """A row block as the products read it: the left operand, and (symmetric) its right one for the tile on
+        the diagonal."""
+        if not self.symmetric:
+            return _RowBlock(payload[:, : self.dim].contiguous(), None)
+        right = self._symmetric_rows(payload)
+        return _RowBlock(symmetric_left_rows(right, self.dim), right)
+
+    def _keys(self, tile: Tile[_RowBlock, Any]) -> Tensor:
+        """The keys of a tile by ``key_blocks``' product: the same operands, made once per block."""
+        left = tile.left.left
         with ieee_float32_matmul():
             if self.symmetric:
-                rows = left if right is None else torch.cat([left, right])
-                half = rows[:, dim] / 2 if self.l2 else None
-                n_left = left.shape[0]
-                cols = slice(0, n_left) if right is None else slice(n_left, rows.shape[0])
-                return SymmetricKeys(rows[:, :dim].contiguous(), half)(slice(0, n_left), cols)
-            assert right is not None
-            bias = right[:, dim].contiguous() if self.l2 else torch.zeros_like(right[:, 0])
-            keys = addmm_keys(left[:, :dim].contiguous(), right[:, :dim].contiguous(), bias, -2.0 if self.l2 else -1.0)
-            return keys(slice(0, left.shape[0]), slice(0, right.shape[0]))
+                right = tile.left.right if tile.right is None else tile.right
+                assert right is not None  # (a symmetric row block keeps its right operand)
+                return torch.mm(left, right.T, out=self.memory(left.shape[0], right.shape[0], left))
+            assert tile.right is not None  # (a one-sided schedule has no diagonal tile)
+            rows, bias = tile.right
+            out = self.memory(left.shape[0], rows.shape[0], left)
+            return torch.addmm(bias[None], left, rows.T, alpha=-2.0 if self.l2 else -1.0, out=out)
 
     def _key_blocks(self, first_rows_only: bool = False) -> Iterator[KeyBlock]:
         any_tile = False
         for tile in self.sharded_tiles.tiles(first_rows_only):
             any_tile = True
-            keys = self._keys(tile.left, tile.right)
+            keys = self._keys(tile)
             yield KeyBlock(tile.rows, tile.cols, keys, tile.mirrored)
             advance(tile.n_pairs)
         if not any_tile:  # the passes read at least one block
