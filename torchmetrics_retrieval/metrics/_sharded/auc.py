@@ -42,6 +42,7 @@ from torchmetrics_retrieval.functional._progress import advance, section
 from torchmetrics_retrieval.functional._search.blocks import TileSchedule
 from torchmetrics_retrieval.functional._search.keys import self_dots
 from torchmetrics_retrieval.functional._search.problem import GalleryCache, Problem, make_problem
+from torchmetrics_retrieval.functional._search.stream_topk import BlockMemory
 from torchmetrics_retrieval.functional._sets import QueryGallery
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
 from torchmetrics_retrieval.metrics._sharded.gather import all_reduce, gather
@@ -94,11 +95,13 @@ def _float64_block(payload: Tensor) -> tuple[Tensor, Tensor]:
 
 def _product_tiles(tiles: ShardedTiles[Float64Block, Float64Block], problem: Problem) -> Iterator[ProductTile]:
     """This rank's tiles as float64 products, each with a problem of its own rows."""
+    memory = BlockMemory()  # a fresh product per tile would fault in its pages anew
     for tile in tiles.tiles():
         (left, left_sq), (right, right_sq) = tile.left, tile.left if tile.right is None else tile.right
         own = problem._replace(query64=left, gallery64=right, query_sq64=left_sq, gallery_sq64=right_sq)
         at_rows, at_cols = slice(0, left.shape[0]), slice(0, right.shape[0])
-        yield ProductTile(tile.rows, tile.cols, torch.mm(left, right.T), tile.mirrored, own, at_rows, at_cols)
+        dots = torch.mm(left, right.T, out=memory(left.shape[0], right.shape[0], left))
+        yield ProductTile(tile.rows, tile.cols, dots, tile.mirrored, own, at_rows, at_cols)
         advance(tile.n_pairs)
 
 
