@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from typing import Generic, NamedTuple, TypeVar
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -35,7 +36,8 @@ Left = TypeVar("Left")
 Right = TypeVar("Right")
 
 
-class Forms(NamedTuple, Generic[Left, Right]):
+@dataclass(frozen=True)
+class Forms(Generic[Left, Right]):
     """What a block of payload rows is kept as: ``rows`` for a row block, ``cols`` for a held column block. Each
     makes tensors of its own (not views of the fetched payload, which is let go)."""
 
@@ -43,7 +45,8 @@ class Forms(NamedTuple, Generic[Left, Right]):
     cols: Callable[[Tensor], Right]
 
 
-class Tile(NamedTuple, Generic[Left, Right]):
+@dataclass(frozen=True)
+class Tile(Generic[Left, Right]):
     """One tile of this rank: its global ``rows`` and ``cols``, their blocks in the pass's forms (``right`` None: a
     tile on the diagonal of a set against itself, whose columns are its rows), and whether it also stands for the
     pairs (column, row)."""
