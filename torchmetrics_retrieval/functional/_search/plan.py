@@ -41,6 +41,9 @@ KEY_TILE_ROWS = 512
 SYMMETRIC_KEY_TILE = 1024
 
 # ---- stage 1: candidates by float32 keys ---------------------------------------------------------------------------
+#: Row stride, in entries, of the key blocks of a search: a block whose width is not a multiple of it is written
+#: into rows padded to one (a matrix product writes rows of an unaligned length far slower).
+ALIGNED_COLUMNS = 16
 #: Stage-1 candidates per query: ``K + min(MAX_MARGIN, max(MIN_MARGIN, K // MARGIN_DIVISOR))``. A thin margin
 #: keeps stage 1 cheap; the rows it leaves without a certificate (0-0.15% of the queries on clustered data)
 #: are searched again alone, with twice the candidates.

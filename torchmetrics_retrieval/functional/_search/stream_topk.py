@@ -72,24 +72,34 @@ def _add(buffer: TorchBuffer | CompiledBuffer, rows: slice, keys: Tensor, col0: 
 
 class BlockMemory:
     """One output buffer reused by every key block of a search: a block is valid until the next is made
-    (no new 8 MB block for every product)."""
+    (no new 8 MB block for every product). ``aligned``: each row of a block starts a multiple of
+    ``plan.ALIGNED_COLUMNS`` entries after the last (a block of another width is then a strided view), for the
+    consumers that read strided blocks.
 
-    def __init__(self) -> None:
+    Example:
+        >>> memory = BlockMemory(aligned=True)
+        >>> memory(2, 5, torch.zeros(1)).stride(), memory(2, 32, torch.zeros(1)).is_contiguous()
+        ((16, 1), True)
+    """
+
+    def __init__(self, aligned: bool = False) -> None:
         self.memory: Tensor | None = None
+        self.aligned = aligned
 
     def __call__(self, n_rows: int, n_cols: int, like: Tensor) -> Tensor:
-        size = n_rows * n_cols
+        stride = -(-n_cols // plan.ALIGNED_COLUMNS) * plan.ALIGNED_COLUMNS if self.aligned else n_cols
+        size = n_rows * stride
         if self.memory is None or self.memory.numel() < size:
             self.memory = torch.empty(size, dtype=like.dtype, device=like.device)
-        return self.memory[:size].view(n_rows, n_cols)
+        return self.memory[:size].view(n_rows, stride)[:, :n_cols]
 
 
-def addmm_keys(query: StageRows, gallery: StageRows, bias: Tensor, alpha: float) -> KeyFn:
+def addmm_keys(query: StageRows, gallery: StageRows, bias: Tensor, alpha: float, aligned: bool = False) -> KeyFn:
     """The keys ``bias[g] + alpha * <q, g>`` of query rows against gallery columns (a slice or positions),
-    each block valid until the next. Rows stored in half precision (``half_rows.BlockRows``) are made float32
-    block by block as the products need them (``query`` and ``gallery`` must then be distinct objects: each
-    block lives in its object's buffer)."""
-    memory = BlockMemory()
+    each block valid until the next (``aligned``: in rows of an aligned stride, ``BlockMemory``). Rows stored in
+    half precision (``half_rows.BlockRows``) are made float32 block by block as the products need them
+    (``query`` and ``gallery`` must then be distinct objects: each block lives in its object's buffer)."""
+    memory = BlockMemory(aligned)
 
     def key_fn(rows: slice, cols: slice | Tensor) -> Tensor:
         left, right = query[rows], gallery[cols]
@@ -155,7 +165,7 @@ def sample_thresholds(
         sample, tau, crowded = sample.to(keys.device), tau.to(keys.device), crowded.to(keys.device)
         mask_fn(keys, rows, sample)
         if fold:
-            keys = keys.view(keys.shape[0], plan.FOLD, -1).amin(dim=1)
+            keys = keys.reshape(keys.shape[0], plan.FOLD, -1).amin(dim=1)
         tau[rows] = torch.topk(keys, rank, dim=1, largest=False, sorted=False).values.amax(dim=1)
         largest = torch.where(keys < float("inf"), keys.abs(), 0.0).amax(dim=1)
         tau[rows] += (tau[rows].abs() + largest) * 1e-5
@@ -218,7 +228,7 @@ def stream_topk(
         every key of a query that is not among its candidates is >= its floor.
     """
 
-    key_fn = key_fn or addmm_keys(query, gallery, bias, alpha)
+    key_fn = key_fn or addmm_keys(query, gallery, bias, alpha, aligned=True)
     n_query, n_gallery = query.shape[0], gallery.shape[0]
     tau = _first_thresholds(n_query, n_gallery, key_fn, kp, mask_fn, rows_per_chunk, estimate, ceiling)
     buffer = _new_buffer(kp, tau, n_gallery, compiled)

@@ -51,14 +51,14 @@ class SymmetricKeys:
     symmetric case; the keys of (i, j) and (j, i) may differ by rounding, each within that bound.
     """
 
-    def __init__(self, x: StageRows, half_sq: Tensor | None) -> None:
+    def __init__(self, x: StageRows, half_sq: Tensor | None, aligned: bool = False) -> None:
         self.dim = x.shape[1]
         self.half_sq = half_sq
         self.source = x if isinstance(x, BlockRows) else None
         self.rows: Tensor | None = None
         if isinstance(x, Tensor):
             self.rows = x if half_sq is None else symmetric_right_rows(x, half_sq)
-        self.memory = BlockMemory()
+        self.memory = BlockMemory(aligned)  # (``aligned``: the blocks of a search, see ``BlockMemory``)
         self.wide = BlockMemory()  # the right rows ``[x, h, 1]`` of a block made from half rows
         self.left: tuple[slice | None, Tensor | None] = (None, None)  # the left rows of the last row block
 
@@ -134,7 +134,7 @@ class TorchStage:
                 assert isinstance(gallery, Tensor)
                 self.symmetric_keys = low_precision.BFloat16SymmetricKeys(gallery, half)
             else:
-                self.symmetric_keys = SymmetricKeys(gallery, half)
+                self.symmetric_keys = SymmetricKeys(gallery, half, aligned=True)
             gallery = self.symmetric_keys.x
         self.gallery = gallery
         self._all_rows: Candidates | None = None
