@@ -127,7 +127,8 @@ class PairPasses:
         mask_np = np.ones((1, block.keys.shape[1]), dtype=np.bool_) if mask is None else mask.numpy()
         assert self.ids is not None
         row_ids, col_ids = self.ids[0][rows].numpy(), self.ids[1][cols].numpy()
-        return block.keys.numpy(), form, cols.start, self.own[rows].numpy(), mask_np, row_ids, col_ids
+        keys = block.keys.contiguous().numpy()  # (a block of an unaligned width is a strided view: copied)
+        return keys, form, cols.start, self.own[rows].numpy(), mask_np, row_ids, col_ids
 
     def histograms(self, buckets: PairBuckets, windows: Windows | None = None) -> tuple[Tensor, Tensor] | None:
         """``(negative, positive)`` histograms of the pairs' buckets, or None without the compiled kernels; the

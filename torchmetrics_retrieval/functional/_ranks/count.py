@@ -257,7 +257,8 @@ class _Counter:
         mask_np = np.ones((1, 1), dtype=np.bool_) if mask is None else mask.numpy()
         table = tuple(a[rs] for a in self.table)
         item_ids = self.item_ids[c0 : c0 + keys.shape[1]]
-        args = (keys.numpy(), c0, self.own_np[rs], mask_np, mask is not None, self.query_ids[rs], item_ids, table)
+        keys_np = keys.contiguous().numpy()  # (a block of an unaligned width is a strided view: copied)
+        args = (keys_np, c0, self.own_np[rs], mask_np, mask is not None, self.query_ids[rs], item_ids, table)
         n_rows = rs.stop - rs.start
         n_ambiguous = np.zeros(n_rows, dtype=np.int64)
         held = np.empty((n_rows, ranks_plan.AMBIGUOUS_PER_ROW), dtype=np.int64)

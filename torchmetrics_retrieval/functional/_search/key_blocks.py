@@ -4,7 +4,8 @@ all pairs read (the full-ranking count, the verification histograms).
 One-sided blocks hold ``|g|^2 - 2<q,g>`` (L2) or ``-<q,g>`` (dot; cosine on unit rows), as the torch stage of
 the kNN search. A set against itself (``Problem.symmetric``) takes symmetric blocks: ``|x_i - x_j|^2 / 2`` or
 ``-<x_i,x_j>``, only on and above the diagonal, each serving its rows and, transposed, its columns (half the
-products). :class:`KeyForm` turns a key into the pair's float32 distance.
+products). :class:`KeyForm` turns a key into the pair's float32 distance. A block's rows lie at an aligned stride
+(``stream_topk.BlockMemory``): a block whose width is not a multiple of 16 is a strided view.
 """
 
 from __future__ import annotations
@@ -65,12 +66,13 @@ def key_blocks(
     n_rows, n_cols = rows.numel(), gallery.shape[0]
     keys: Callable[[slice, slice], Tensor]
     if symmetric:
-        keys = SymmetricKeys(gallery, None if gallery_sq is None else gallery_sq / 2)
+        keys = SymmetricKeys(gallery, None if gallery_sq is None else gallery_sq / 2, aligned=True)
     else:
         bias = gallery_sq
         if bias is None:
             bias = torch.zeros(n_cols, dtype=torch.float32, device=gallery.device)
-        keys = addmm_keys(problem.stage_query_rows(rows), gallery, bias, -2.0 if gallery_sq is not None else -1.0)
+        alpha = -2.0 if gallery_sq is not None else -1.0
+        keys = addmm_keys(problem.stage_query_rows(rows), gallery, bias, alpha, aligned=True)
     schedule = TileSchedule.of(n_rows, n_cols, chunk_size, symmetric)
     for rs, cs in schedule.tiles(first_rows_only):
         with ieee_float32_matmul():

@@ -93,7 +93,7 @@ class ShardedPairs(PairPasses):
         super().__init__(qg, distance, label_comparison_fn, chunk_size, placeholder_problem(qg, distance, every_sq))
         schedule = TileSchedule.of(qg.query.shape[0], qg.gallery.shape[0], chunk_size, self.symmetric)
         self.dim = stage_payload.shape[1] - 1
-        self.memory = BlockMemory()  # every tile's keys in one buffer, as on one process
+        self.memory = BlockMemory(aligned=True)  # every tile's keys in one buffer, laid out as on one process
         forms = Forms(self._row_block, self._symmetric_rows if self.symmetric else self._gallery_block)
         self.sharded_tiles: ShardedTiles[_RowBlock, Any] = ShardedTiles(shards, schedule, stage_payload, forms)
         self.n_pairs = self.sharded_tiles.n_pairs()
