@@ -97,7 +97,8 @@ def check_rows(local: Tensor, distance: str, group: Any, name: str = "embeddings
     once: a rank that found a bad row must not leave the others waiting in the next collective."""
     message = ""
     try:
-        make_problem(local, local, distance, Exclusions(None, None, None), same_set=True, names=(name, ""))
+        # (float64 rows read on demand: the checks need only the norms, not a float64 copy of the shard)
+        make_problem(local, local, distance, Exclusions(None, None, None), True, names=(name, ""), lazy64=True)
     except ValueError as error:
         message = str(error)
     flags = torch.tensor([len(message) > 0], dtype=torch.long, device=local.device)
