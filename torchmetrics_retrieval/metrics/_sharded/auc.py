@@ -40,7 +40,7 @@ from torchmetrics_retrieval.functional._pairs.auc import (
 )
 from torchmetrics_retrieval.functional._progress import advance, section
 from torchmetrics_retrieval.functional._search.blocks import TileSchedule
-from torchmetrics_retrieval.functional._search.keys import self_dots
+from torchmetrics_retrieval.functional._search.keys import Float64Rows, self_dots
 from torchmetrics_retrieval.functional._search.problem import GalleryCache, Problem, make_problem
 from torchmetrics_retrieval.functional._search.stream_topk import BlockMemory
 from torchmetrics_retrieval.functional._sets import QueryGallery
@@ -53,7 +53,7 @@ from torchmetrics_retrieval.metrics._sharded.tiles import Forms, ShardedTiles
 
 __all__ = ["sharded_roc_auc"]
 
-#: A block of rows in float64 and their canonical squared norms.
+#: A block of rows (float64, or as stored for a held column block) and their canonical squared norms.
 Float64Block = tuple[Tensor, Tensor]
 
 
@@ -87,17 +87,24 @@ class _Rounds:
             yield sub, problem
 
 
-def _float64_block(payload: Tensor) -> tuple[Tensor, Tensor]:
-    """A block of rows in float64 with their canonical squared norms, computed row by row as one process does."""
+def _row_block(payload: Tensor) -> Float64Block:
+    """A row block in float64 with its canonical squared norms, computed row by row as one process does."""
     rows = payload.to(torch.float64)
     return rows, self_dots(rows)
+
+
+def _held_block(payload: Tensor) -> Float64Block:
+    """A held column block as fetched (made float64 tile by tile: a float64 copy of every held block would double
+    the rank's share of the rows), with its canonical squared norms."""
+    return payload.clone(), self_dots(Float64Rows(payload))
 
 
 def _product_tiles(tiles: ShardedTiles[Float64Block, Float64Block], problem: Problem) -> Iterator[ProductTile]:
     """This rank's tiles as float64 products, each with a problem of its own rows."""
     memory = BlockMemory()  # a fresh product per tile would fault in its pages anew
     for tile in tiles.tiles():
-        (left, left_sq), (right, right_sq) = tile.left, tile.left if tile.right is None else tile.right
+        left, left_sq = tile.left
+        right, right_sq = tile.left if tile.right is None else (tile.right[0].to(torch.float64), tile.right[1])
         own = problem._replace(query64=left, gallery64=right, query_sq64=left_sq, gallery_sq64=right_sq)
         at_rows, at_cols = slice(0, left.shape[0]), slice(0, right.shape[0])
         dots = torch.mm(left, right.T, out=memory(left.shape[0], right.shape[0], left))
@@ -134,7 +141,7 @@ def sharded_roc_auc(
         return undefined
     problem = placeholder_problem(qg, distance)
     schedule = TileSchedule.of(qg.query.shape[0], qg.gallery.shape[0], chunk_size, problem.symmetric, 9)
-    tiles = ShardedTiles(shards, schedule, local, Forms(_float64_block, _float64_block))
+    tiles = ShardedTiles(shards, schedule, local, Forms(_row_block, _held_block))
     with section("pairs, ROC AUC", tiles.n_pairs()):
         placed = place_negatives(
             qg, problem, _Positives(every_positive), label_comparison_fn, chunk_size, _product_tiles(tiles, problem)
