@@ -8,12 +8,9 @@ canonical ones of the kNN search: the key of a pair depends on the tile's formul
 rows its own way (say one-sided, its queries against another rank's gallery) would read other float32
 values, hence other thresholds and counts. So the ranks compute exactly the tiles of one process:
 
-* the tiles are ``key_blocks``' tiles of the global set (one ``TileSchedule``: same sides, same global row and
-  column ranges), shared out by ``tiles.ShardedTiles``: each rank computes its tiles with the same product
-  (``SymmetricKeys`` / ``addmm_keys``, IEEE float32) of the same float32 stage rows (``stage_rows`` of the
-  canonical squared norms: row by row, so the owner of a row makes the same row). Every key is one process's,
-  bit for bit, given a BLAS that repeats a product of the same operands (which one process's second pass
-  already needs: it recomputes every tile);
+* the tiles are one process's key tiles, each computed by one rank (``keys.ShardedKeys``): every key is one
+  process's, bit for bit (given a BLAS that repeats a product of the same operands, which one process's second
+  pass already needs: it recomputes every tile);
 * every other per-pair input is global and small (labels, exclusion rules, self index, and the key form's
   offsets, the gathered squared norms), so ``PairPasses`` itself turns a tile into distances, signs,
   eligibility and buckets, with the tile's global ranges, by the same kernels;
@@ -32,7 +29,7 @@ Each tile is computed by one rank, so each ordered pair is counted once. A rank 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,28 +39,15 @@ from torch import Tensor
 from torchmetrics_retrieval.functional._pairs.passes import PairPasses
 from torchmetrics_retrieval.functional._pairs.quantiles import PairBuckets, merge_counted, statistics
 from torchmetrics_retrieval.functional._pairs.rates import Counted, RateRequest
-from torchmetrics_retrieval.functional._precision import ieee_float32_matmul
-from torchmetrics_retrieval.functional._progress import advance
-from torchmetrics_retrieval.functional._search.blocks import TileSchedule
 from torchmetrics_retrieval.functional._search.key_blocks import KeyBlock
-from torchmetrics_retrieval.functional._search.keys import Float64Rows, self_dots, stage_rows
-from torchmetrics_retrieval.functional._search.stream_topk import BlockMemory
-from torchmetrics_retrieval.functional._search.torch_stage import symmetric_left_rows, symmetric_right_rows
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
 from torchmetrics_retrieval.functional.verification import PairRequest, _bounds_of_norms, statistics_keys
 from torchmetrics_retrieval.metrics._sharded import auc as sharded_auc
 from torchmetrics_retrieval.metrics._sharded.gather import all_reduce, gather
-from torchmetrics_retrieval.metrics._sharded.global_set import ShardedSet, global_problem, placeholder_problem
-from torchmetrics_retrieval.metrics._sharded.tiles import Forms, ShardedTiles, Tile
+from torchmetrics_retrieval.metrics._sharded.global_set import ShardedSet, global_problem
+from torchmetrics_retrieval.metrics._sharded.keys import ShardedKeys
 
 __all__ = ["ShardedPairs", "sharded_pair_compute", "sharded_pair_metrics"]
-
-
-class _RowBlock(NamedTuple):
-    """A row block's operands: the left one of its products, and (symmetric) the right one of its diagonal tile."""
-
-    left: Tensor
-    right: Tensor | None
 
 
 class ShardedPairs(PairPasses):
@@ -77,72 +61,13 @@ class ShardedPairs(PairPasses):
         label_comparison_fn: LabelComparisonFn | None,
         chunk_size: int | None,
     ) -> None:
-        qg, local, owner, row, group = shards
-        self.group, self.shards = group, shards
-        local64 = Float64Rows(local)  # read block by block: no float64 copy of the shard
-        sq64 = self_dots(local64)
-        stage, stage_sq = stage_rows(local64, sq64, distance)
-        self.l2 = stage_sq is not None
-        # the float32 stage row and squared norm of every local row, sent together
-        norms = stage_sq if stage_sq is not None else stage.new_zeros(len(stage))
-        stage_payload = torch.cat([stage, norms[:, None]], 1)
-        del stage  # (its copy in the payload is the one kept)
-        parts = gather(sq64, group)
-        first = torch.tensor([0, *(part.numel() for part in parts)], device=local.device).cumsum(0)[:-1]
-        every_sq = torch.cat(parts)[first[owner] + row]  # by global position
-        super().__init__(qg, distance, label_comparison_fn, chunk_size, placeholder_problem(qg, distance, every_sq))
-        schedule = TileSchedule.of(qg.query.shape[0], qg.gallery.shape[0], chunk_size, self.symmetric)
-        self.dim = stage_payload.shape[1] - 1
-        self.memory = BlockMemory(aligned=True)  # every tile's keys in one buffer, laid out as on one process
-        forms = Forms(self._row_block, self._symmetric_rows if self.symmetric else self._gallery_block)
-        self.sharded_tiles: ShardedTiles[_RowBlock, Any] = ShardedTiles(shards, schedule, stage_payload, forms)
-        self.n_pairs = self.sharded_tiles.n_pairs()
-
-    @property
-    def symmetric(self) -> bool:
-        return self.problem.symmetric
-
-    def _symmetric_rows(self, payload: Tensor) -> Tensor:
-        """A block of the symmetric set as the right operand of ``SymmetricKeys``' product (the same tensor)."""
-        dim = self.dim
-        return symmetric_right_rows(payload[:, :dim], payload[:, dim] / 2 if self.l2 else None)
-
-    def _gallery_block(self, payload: Tensor) -> tuple[Tensor, Tensor]:
-        """A gallery block as ``addmm_keys`` reads it: its contiguous rows and the keys' bias (``|g|^2`` or 0)."""
-        rows = payload[:, : self.dim].contiguous()
-        return rows, payload[:, self.dim].clone() if self.l2 else torch.zeros_like(rows[:, 0])
-
-    def _row_block(self, payload: Tensor) -> _RowBlock:
-        """A row block as the products read it: the left operand, and (symmetric) its right one for the tile on
-        the diagonal."""
-        if not self.symmetric:
-            return _RowBlock(payload[:, : self.dim].contiguous(), None)
-        right = self._symmetric_rows(payload)
-        return _RowBlock(symmetric_left_rows(right, self.dim), right)
-
-    def _keys(self, tile: Tile[_RowBlock, Any]) -> Tensor:
-        """The keys of a tile by ``key_blocks``' product: the same operands, made once per block."""
-        left = tile.left.left
-        with ieee_float32_matmul():
-            if self.symmetric:
-                right = tile.left.right if tile.right is None else tile.right
-                assert right is not None  # (a symmetric row block keeps its right operand)
-                return torch.mm(left, right.T, out=self.memory(left.shape[0], right.shape[0], left))
-            assert tile.right is not None  # (a one-sided schedule has no diagonal tile)
-            rows, bias = tile.right
-            out = self.memory(left.shape[0], rows.shape[0], left)
-            return torch.addmm(bias[None], left, rows.T, alpha=-2.0 if self.l2 else -1.0, out=out)
+        self.group, self.shards = shards.group, shards
+        self.keys = ShardedKeys(shards, distance, chunk_size)
+        super().__init__(shards.qg, distance, label_comparison_fn, chunk_size, self.keys.problem)
+        self.n_pairs = self.keys.n_pairs
 
     def _key_blocks(self, first_rows_only: bool = False) -> Iterator[KeyBlock]:
-        any_tile = False
-        for tile in self.sharded_tiles.tiles(first_rows_only):
-            any_tile = True
-            keys = self._keys(tile)
-            yield KeyBlock(tile.rows, tile.cols, keys, tile.mirrored)
-            advance(tile.n_pairs)
-        if not any_tile:  # the passes read at least one block
-            empty = slice(0, 0)
-            yield KeyBlock(empty, empty, torch.zeros((0, 0)), False)
+        return self.keys.key_blocks(first_rows_only)
 
     def _sample_blocks(self) -> Iterator[KeyBlock]:
         return self._key_blocks(first_rows_only=True)
