@@ -9,8 +9,9 @@ and a second ``compute()`` give one process's values over both batches, on both 
 
 The steps of failure: the first search (a rank's own shard, before any exchange), the bipartite search of the
 symmetric rounds in the middle of the point-to-point exchanges (several visiting blocks: ``VISIT_ROWS`` made
-small), the pair passes (FNMR@FMR, EER), the reduction after the last collective, the counts of
-``ContrastiveAccuracy`` and the searches of ``CrossModalRetrieval`` (queries apart from the gallery).
+small), the pair passes (FNMR@FMR, EER), the symmetric full-ranking count, the reduction after the last
+collective, the counts of ``ContrastiveAccuracy`` and the searches of ``CrossModalRetrieval`` (queries apart from
+the gallery).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from tests.metrics._distributed import run_distributed
 from torchmetrics_retrieval import ContrastiveAccuracy, CrossModalRetrieval, EmbeddingMetrics, FNMRAtFMR
 from torchmetrics_retrieval.metrics._sharded import contrastive as shard_contrastive
 from torchmetrics_retrieval.metrics._sharded import embedding as shard_embedding
-from torchmetrics_retrieval.metrics._sharded import pairs as shard_pairs
+from torchmetrics_retrieval.metrics._sharded import keys as shard_keys
 from torchmetrics_retrieval.metrics._sharded import search as shard_search
 
 #: The metrics' process group times out after this (not the default 30 minutes): a regression fails, not hangs.
@@ -46,15 +47,18 @@ N_FIRST, N_SECOND = 240, 60
 
 KNN: dict[str, Any] = {"cmc_top_k": (1, 5), "map_at_r": True}
 PAIRS: dict[str, Any] = {"fmr_vals": (0.1,), "eer": True, "chunk_size": 32}  # several tiles on every rank
+FULL: dict[str, Any] = {"map_full": True, "minp": True, "chunk_size": 32}
 #: scenario: (metric factory, module, attribute to make fail on rank 1, failing call (1: the first))
 SCENARIOS: dict[str, tuple[Callable[..., Metric], Any, str, int]] = {
     "own_search": (lambda **kw: EmbeddingMetrics(**KNN, **kw), shard_search, "_search", 1),
     # on two ranks rank 1 searches its 120 rows, 24 at a time, against 8 visiting blocks of 8 rows (each call
     # counted twice: the smaller side first), so call 40 falls in step 4 of 8
     "bipartite": (lambda **kw: EmbeddingMetrics(**KNN, **kw), shard_search, "_bipartite", 40),
-    "pair_passes": (lambda **kw: EmbeddingMetrics(**PAIRS, **kw), shard_pairs.ShardedPairs, "_keys", 2),
+    "pair_passes": (lambda **kw: EmbeddingMetrics(**PAIRS, **kw), shard_keys.ShardedKeys, "_keys", 2),
+    # the symmetric full-ranking count, in the middle of its key tiles
+    "full_ranking_count": (lambda **kw: EmbeddingMetrics(**FULL, **kw), shard_keys.ShardedKeys, "_keys", 2),
     "after_last_collective": (lambda **kw: EmbeddingMetrics(**KNN, **kw), shard_embedding, "reduce_per_query", 1),
-    "fnmr_at_fmr": (lambda **kw: FNMRAtFMR(**PAIRS, **kw), shard_pairs.ShardedPairs, "_keys", 1),
+    "fnmr_at_fmr": (lambda **kw: FNMRAtFMR(**PAIRS, **kw), shard_keys.ShardedKeys, "_keys", 1),
     "contrastive": (lambda **kw: ContrastiveAccuracy(top_k=(1, 5), **kw), shard_contrastive, "_count_above", 1),
     # both directions from one stacked search: 120 A and 120 B rows a rank, in blocks of 15: calls 1-64 are the own
     # pass, 65-128 the visiting round
@@ -154,7 +158,7 @@ def _assert_equal(got: Any, expected: Any, name: str) -> None:
 @pytest.mark.parametrize(
     ("world_size", "names"),
     [
-        (2, ["own_search", "bipartite", "pair_passes", "after_last_collective"]),
+        (2, ["own_search", "bipartite", "pair_passes", "full_ranking_count", "after_last_collective"]),
         (2, ["fnmr_at_fmr", "contrastive", "cross_modal"]),
         (3, ["bipartite", "pair_passes"]),
     ],

@@ -29,6 +29,14 @@ counted as certainly before or after a threshold only when it is, each rank's co
 sum. Every rank enters the same collectives: the number of rounds is the largest over ranks (one
 ``all_reduce``, which also gives the largest n(q), hence the one-process width ``m`` of the ranks).
 
+A set against itself with every query ranked (``map``, ``minp``), whose thresholds one process holds at once,
+is counted as one process counts it: symmetrically, each pair's key computed once for both its queries. The
+thresholds of every query are listed in the rounds (step 1) and every rank keeps them all; the ranks share out one
+process's symmetric key tiles (``keys.ShardedKeys``), each tile counting the items of its columns for its rows'
+queries and those of its rows for its columns' queries; the near ties' rows are fetched from their owners and
+their canonical distances compared; the per-query histograms are summed. A rank then computes about ``1 / P`` of
+one process's products instead of ``2 / P`` (every query against its shard), and holds one process's thresholds.
+
 Memory: the thresholds of a visiting block (all ranks' blocks together: at most ``BUDGET_ENTRIES / P``
 thresholds, and as many listed pairs: ``1 / P`` of one process's) plus one block of keys, and the shard's float32 stage
 rows, made once for every round (a ``GalleryCache``); its float64 rows are read on demand, never copied. Only
