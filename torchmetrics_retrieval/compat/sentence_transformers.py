@@ -23,7 +23,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._checks import check_top_k, describe
+from torchmetrics_retrieval.functional._checks import check_str, check_top_k, describe
 from torchmetrics_retrieval.functional._qrels_inputs import Ids
 from torchmetrics_retrieval.functional.qrels import qrels_metrics
 
@@ -98,8 +98,7 @@ def information_retrieval_scores(
     }
     if score_function not in ("cosine", "dot"):
         raise ValueError(f"`score_function` must be one of ('cosine', 'dot'), got {score_function!r}.")
-    if not isinstance(name, str):
-        raise TypeError(f"`name` must be a str, got {describe(name)}.")
+    check_str("name", name)
     if not any(cutoffs.values()):
         raise ValueError(
             "`accuracy_at_k`, `precision_recall_at_k`, `mrr_at_k`, `ndcg_at_k` and `map_at_k` are all empty."

@@ -226,6 +226,13 @@ def check_bool(name: str, value: Any) -> bool:
     return value
 
 
+def check_str(name: str, value: Any) -> str:
+    """Return ``value`` if it is a str."""
+    if not isinstance(value, str):
+        raise TypeError(f"`{name}` must be a str, got {describe(value)}.")
+    return value
+
+
 def check_callable(name: str, value: Any) -> Any:
     """Return ``value`` if it is callable or None."""
     if value is not None and not callable(value):

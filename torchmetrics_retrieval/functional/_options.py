@@ -18,13 +18,15 @@ from typing import Any, TypedDict
 
 from torchmetrics_retrieval.functional._bootstrap import check_confidence_level, check_seed
 from torchmetrics_retrieval.functional._checks import (
+    check_bool,
+    check_callable,
     check_choice,
     check_costs,
     check_fractions,
     check_open_fractions,
     check_positive_int,
+    check_str,
     check_top_k,
-    describe,
 )
 from torchmetrics_retrieval.functional.ranking import PrecisionMode
 from torchmetrics_retrieval.functional.reduction import EMPTY_TARGET_ACTIONS, EmptyTargetAction
@@ -67,26 +69,8 @@ class OptionKind:
     accepts: str = ""
 
 
-def _check_bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"`{name}` must be a bool, got {describe(value)}.")
-    return value
-
-
 def _check_positive_int_or_none(name: str, value: Any) -> int | None:
     return None if value is None else check_positive_int(name, value)
-
-
-def _check_callable_or_none(name: str, value: Any) -> Any:
-    if value is not None and not callable(value):
-        raise TypeError(f"`{name}` must be callable or None, got {describe(value)}.")
-    return value
-
-
-def _check_str(name: str, value: Any) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"`{name}` must be a str, got {describe(value)}.")
-    return value
 
 
 def _check_factory_or_none(name: str, value: Any) -> str | None:
@@ -106,9 +90,9 @@ def _choice(choices: tuple[Any, ...]) -> OptionKind:
 
 CUTOFFS = OptionKind("cutoffs", check_top_k, accepts="int | Iterable[int]")
 FRACTIONS = OptionKind("fractions", check_fractions, accepts="float | Iterable[float]")
-BOOL = OptionKind("bool", _check_bool)
+BOOL = OptionKind("bool", check_bool)
 POSITIVE_INT_OR_NONE = OptionKind("positive_int_or_none", _check_positive_int_or_none)
-CALLABLE_OR_NONE = OptionKind("callable_or_none", _check_callable_or_none)
+CALLABLE_OR_NONE = OptionKind("callable_or_none", check_callable)
 LEVEL_OR_NONE = OptionKind("level_or_none", _check_level_or_none)
 OPEN_FRACTIONS = OptionKind("fractions", check_open_fractions, accepts=FRACTIONS.accepts)
 COSTS = OptionKind("costs", check_costs)
@@ -118,7 +102,7 @@ DISTANCE = _choice(DISTANCES)
 PRECISION_MODE = _choice(("min_k_n", "standard"))
 EMPTY_TARGET_ACTION = _choice(EMPTY_TARGET_ACTIONS)
 KNN_BACKEND = _choice(BACKENDS)
-STR = OptionKind("str", _check_str)
+STR = OptionKind("str", check_str)
 FACTORY_OR_NONE = OptionKind("str_or_none", _check_factory_or_none)
 SEARCH_PRECISION = _choice(SEARCH_PRECISIONS)
 

@@ -32,7 +32,7 @@ from typing import Literal, TypedDict, overload
 import torch
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._checks import check_positive_int, describe
+from torchmetrics_retrieval.functional._checks import check_bool, check_positive_int
 from torchmetrics_retrieval.functional._given import check_table
 from torchmetrics_retrieval.functional._options import Unpack
 from torchmetrics_retrieval.functional._search.certify import canonical_distances
@@ -191,8 +191,7 @@ def audit_neighbours(
         {'recall@2': 0.5, 'recall_1@2': 0.75, 'tie_recall@2': 0.625, 'duplicate_rate': 0.125,
          'missing_rate': 0.125}
     """
-    if not isinstance(return_per_query, bool):
-        raise TypeError(f"`return_per_query` must be a bool, got {describe(return_per_query)}.")
+    check_bool("return_per_query", return_per_query)
     width = neighbours.shape[1] if isinstance(neighbours, Tensor) and neighbours.ndim == 2 else 1
     k_ = _check_k(k, max(width, 1))
     search = _checked_search(

@@ -17,7 +17,7 @@ from typing import Any, Literal, TypedDict, overload
 import torch
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._checks import check_choice, check_embeddings, check_top_k, describe
+from torchmetrics_retrieval.functional._checks import check_bool, check_choice, check_embeddings, check_top_k, describe
 from torchmetrics_retrieval.functional._options import RetrievalOptions, Unpack, check_option
 from torchmetrics_retrieval.functional._per_query import RetrievalResult
 from torchmetrics_retrieval.functional._qrels_inputs import (
@@ -41,12 +41,6 @@ QrelsDistance = Literal["cosine", "dot", "euclidean"]
 Ties = Literal["position", "trec_eval", "expected"]
 QRELS_DISTANCES: tuple[str, ...] = ("cosine", "dot", "euclidean")
 TIES: tuple[str, ...] = ("position", "trec_eval", "expected")
-
-
-def _check_bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"`{name}` must be a bool, got {describe(value)}.")
-    return value
 
 
 def trec_eval_order(corpus_ids: list[str]) -> list[int] | None:
@@ -172,8 +166,8 @@ def checked_cutoffs(
         check_top_k("map_top_k", map_top_k),
         check_top_k("recall_top_k", recall_top_k),
         check_top_k("precision_top_k", precision_top_k),
-        _check_bool("mrr", mrr),
-        _check_bool("r_precision", r_precision),
+        check_bool("mrr", mrr),
+        check_bool("r_precision", r_precision),
     )
     if not cutoffs.keys():
         raise ValueError(
@@ -193,7 +187,7 @@ def check_search_arguments(
     return {
         "distance": distance,
         "relevance_level": _check_level(relevance_level),
-        "ignore_identical_ids": _check_bool("ignore_identical_ids", ignore_identical_ids),
+        "ignore_identical_ids": check_bool("ignore_identical_ids", ignore_identical_ids),
         "ties": ties,
         "knn_backend": check_option("knn_backend", knn_backend),
         "chunk_size": check_option("chunk_size", chunk_size),
@@ -329,7 +323,7 @@ def qrels_metrics(
         {'ndcg/2': 0.1199, 'mrr': 0.4167, 'tie_rate': 0.0}
     """
     cutoffs = checked_cutoffs(ndcg_top_k, map_top_k, recall_top_k, precision_top_k, mrr, r_precision)
-    _check_bool("return_per_query", return_per_query)
+    check_bool("return_per_query", return_per_query)
     options = RetrievalOptions.create(confidence_level=confidence_level, n_bootstrap=n_bootstrap, seed=seed)
     result = qrels_per_query(
         query, query_ids, corpus, corpus_ids, qrels, cutoffs,

@@ -27,6 +27,7 @@ from torchmetrics_retrieval.functional._checks import (
     check_counts,
     check_labels,
     check_mask,
+    check_str,
     describe,
 )
 
@@ -114,8 +115,7 @@ def masked_mean(values: Tensor, counted: Tensor, *, name: str = "metric", warn: 
         tensor(0.7500)
     """
     check_mask("counted", counted, _check_values(values).shape[0], "values")
-    if not isinstance(name, str):
-        raise TypeError(f"`name` must be a str, got {describe(name)}.")
+    check_str("name", name)
     check_bool("warn", warn)
     return _masked_mean_compute(values, counted, name=name, warn=warn, stacklevel=4)
 

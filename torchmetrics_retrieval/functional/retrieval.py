@@ -18,7 +18,7 @@ from typing import Literal, overload
 
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._checks import describe
+from torchmetrics_retrieval.functional._checks import check_bool, describe
 from torchmetrics_retrieval.functional._evaluate import _normalized, evaluate
 from torchmetrics_retrieval.functional._options import OptionArguments, RetrievalOptions, Unpack
 from torchmetrics_retrieval.functional._per_query import RetrievalResult, per_query
@@ -58,8 +58,7 @@ def retrieval_per_query(
     """
     if options is not None and not isinstance(options, RetrievalOptions):
         raise TypeError(f"`options` must be a RetrievalOptions or None, got {describe(options)}.")
-    if not isinstance(keep_neighbours, bool):
-        raise TypeError(f"`keep_neighbours` must be a bool, got {describe(keep_neighbours)}.")
+    check_bool("keep_neighbours", keep_neighbours)
     qg = split_query_gallery(
         query,
         query_labels,
@@ -244,8 +243,7 @@ def retrieval_metrics(
         {'cmc/1': 0.4, 'precision/2': 0.6, 'mrr': 0.6667}
     """
     opts = RetrievalOptions.from_arguments(locals())  # first: locals() holds the parameters only
-    if not isinstance(return_per_query, bool):
-        raise TypeError(f"`return_per_query` must be a bool, got {describe(return_per_query)}.")
+    check_bool("return_per_query", return_per_query)
     metrics, result = evaluate(
         query,
         query_labels,

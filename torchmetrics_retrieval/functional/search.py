@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from torchmetrics_retrieval.functional._checks import (
+    check_bool,
     check_choice,
     check_embeddings,
     check_id_pair,
@@ -146,8 +147,7 @@ def distance_blocks(
     check_choice("distance", distance, DISTANCES)
     if chunk_size is not None:
         check_positive_int("chunk_size", chunk_size)
-    if not isinstance(exact, bool):
-        raise TypeError(f"`exact` must be a bool, got {describe(exact)}.")
+    check_bool("exact", exact)
     exclusions = _check_exclusions("self_index", self_index, sequence_ids, search_groups, query, gallery)
     # Validation runs now; the blocks are computed lazily.
     return iter_blocks(query, gallery, distance, exclusions, chunk_size, exact)
@@ -328,8 +328,7 @@ def _checked_search(
     check_choice("search_precision", search_precision, SEARCH_PRECISIONS)
     if chunk_size is not None:
         check_positive_int("chunk_size", chunk_size)
-    if not isinstance(exact_distances, bool):
-        raise TypeError(f"`exact_distances` must be a bool, got {describe(exact_distances)}.")
+    check_bool("exact_distances", exact_distances)
     same_set = gallery is None
     query, gallery_ = _check_query_gallery(query, query if gallery is None else gallery)
     exclusions = _check_exclusions(

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from torchmetrics_retrieval.functional._checks import (
     check_bool,
+    check_callable,
     check_choice,
     check_costs,
     check_fractions,
@@ -122,8 +123,7 @@ def _checked_problem(
 ) -> QueryGallery:
     """The one check of the inputs of :func:`fnmr_at_fmr` and :func:`det_curve`."""
     check_choice("distance", distance, DISTANCES)
-    if label_comparison_fn is not None and not callable(label_comparison_fn):
-        raise TypeError(f"`label_comparison_fn` must be callable or None, got {describe(label_comparison_fn)}.")
+    check_callable("label_comparison_fn", label_comparison_fn)
     if chunk_size is not None:
         check_positive_int("chunk_size", chunk_size)
     return split_query_gallery(

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-from torchmetrics_retrieval.functional._checks import check_choice, describe
+from torchmetrics_retrieval.functional._checks import check_choice, check_str
 from torchmetrics_retrieval.functional._cross_modal import stacked_cross_modal_metrics
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional.ranking import PrecisionMode
@@ -166,8 +166,7 @@ class CrossModalRetrieval(Metric):
         **kwargs: Unpack[MetricKwargs],
     ) -> None:
         options = RetrievalOptions.from_arguments(locals())  # first: locals() holds the parameters only
-        if not isinstance(prefix, str):
-            raise TypeError(f"`prefix` must be a str, got {describe(prefix)}.")
+        check_str("prefix", prefix)
         check_choice("distributed", distributed, ("shard", "gather"))
         if options.approximate_index is not None:  # one index per direction: not built yet
             raise ValueError(

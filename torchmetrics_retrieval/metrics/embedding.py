@@ -8,7 +8,7 @@ from typing import Any, Literal, cast
 import torch
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._checks import check_choice, describe
+from torchmetrics_retrieval.functional._checks import check_choice, check_str, describe
 from torchmetrics_retrieval.functional._evaluate import evaluate
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._per_query import RetrievalResult
@@ -180,8 +180,7 @@ class EmbeddingMetrics(SampleAccumulator, PerQueryResults):
         **kwargs: Unpack[MetricKwargs],
     ) -> None:
         options = RetrievalOptions.from_arguments(locals())  # first: locals() holds the parameters only
-        if not isinstance(prefix, str):
-            raise TypeError(f"`prefix` must be a str, got {describe(prefix)}.")
+        check_str("prefix", prefix)
         check_choice("distributed", distributed, ("shard", "gather"))
         storage = _check_storage_dtype(storage_dtype)
         super().__init__(**kwargs)  # torchmetrics' own options; it refuses any other keyword

@@ -10,7 +10,7 @@ from typing import Any, Literal, cast
 from torch import Tensor
 from torchmetrics import Metric
 
-from torchmetrics_retrieval.functional._checks import check_choice, check_embeddings, describe
+from torchmetrics_retrieval.functional._checks import check_choice, check_embeddings, check_str
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._per_query import RetrievalResult
 from torchmetrics_retrieval.functional._qrels_inputs import Qrels, check_id_list, parse_qrels
@@ -124,8 +124,7 @@ class QrelsMetrics(Metric):
         self._search = check_search_arguments(
             distance, relevance_level, ignore_identical_ids, ties, knn_backend, chunk_size
         )
-        if not isinstance(prefix, str):
-            raise TypeError(f"`prefix` must be a str, got {describe(prefix)}.")
+        check_str("prefix", prefix)
         check_choice("distributed", distributed, ("shard", "gather"))
         self.distributed = distributed
         self._options = RetrievalOptions.create(confidence_level=confidence_level, n_bootstrap=n_bootstrap, seed=seed)
