@@ -30,7 +30,7 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities.distributed import gather_all_tensors
 
-from torchmetrics_retrieval.functional._checks import check_fractions
+from torchmetrics_retrieval.functional._checks import check_choice, check_fractions
 from torchmetrics_retrieval.metrics._batch import DTYPES, FieldKind, FieldSpec, validate_batch
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "FieldSpec",
     "SampleAccumulator",
     "cast_like_first",
+    "check_distributed",
     "deduplicate",
     "non_empty_fractions",
     "on_gathered_states",
@@ -301,6 +302,15 @@ def on_gathered_states(metric: Metric, fn: Callable[[], T]) -> T:
     finally:
         if metric._is_synced:
             metric.unsync()
+
+
+#: The values of the metrics' ``distributed`` argument (how :func:`runs_sharded` reads it).
+DISTRIBUTED_MODES = ("shard", "gather")
+
+
+def check_distributed(value: Any) -> str:
+    """Return ``value`` if it is one of :data:`DISTRIBUTED_MODES` (the metrics' ``distributed`` argument)."""
+    return str(check_choice("distributed", value, DISTRIBUTED_MODES))
 
 
 def runs_sharded(metric: Any, distributed: str, sharded_values: bool) -> bool:

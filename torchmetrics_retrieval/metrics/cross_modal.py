@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-from torchmetrics_retrieval.functional._checks import check_choice, check_str
+from torchmetrics_retrieval.functional._checks import check_str
 from torchmetrics_retrieval.functional._cross_modal import stacked_cross_modal_metrics
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional.ranking import PrecisionMode
@@ -19,7 +19,7 @@ from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
 from torchmetrics_retrieval.functional.search import Distance, KNNBackend, SearchPrecision
 from torchmetrics_retrieval.metrics._kwargs import MetricKwargs, Unpack
 from torchmetrics_retrieval.metrics._sharded.cross_modal import check_same_dimension, missing_side
-from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator, validate_batch
+from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator, check_distributed, validate_batch
 
 __all__ = ["CrossModalRetrieval"]
 
@@ -167,7 +167,7 @@ class CrossModalRetrieval(Metric):
     ) -> None:
         options = RetrievalOptions.from_arguments(locals())  # first: locals() holds the parameters only
         check_str("prefix", prefix)
-        check_choice("distributed", distributed, ("shard", "gather"))
+        check_distributed(distributed)
         if options.approximate_index is not None:  # one index per direction: not built yet
             raise ValueError(
                 "`approximate_index` is not supported by CrossModalRetrieval yet, got "

@@ -8,7 +8,7 @@ from typing import Any, Literal, cast
 import torch
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._checks import check_choice, check_str, describe
+from torchmetrics_retrieval.functional._checks import check_str, describe
 from torchmetrics_retrieval.functional._evaluate import evaluate
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._per_query import RetrievalResult
@@ -19,7 +19,7 @@ from torchmetrics_retrieval.functional.search import Distance, KNNBackend, Searc
 from torchmetrics_retrieval.metrics._batch import SET_FIELDS
 from torchmetrics_retrieval.metrics._kwargs import MetricKwargs, Unpack
 from torchmetrics_retrieval.metrics._per_query import PerQueryResults
-from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator
+from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator, check_distributed
 
 __all__ = ["EmbeddingMetrics"]
 
@@ -181,7 +181,7 @@ class EmbeddingMetrics(SampleAccumulator, PerQueryResults):
     ) -> None:
         options = RetrievalOptions.from_arguments(locals())  # first: locals() holds the parameters only
         check_str("prefix", prefix)
-        check_choice("distributed", distributed, ("shard", "gather"))
+        check_distributed(distributed)
         storage = _check_storage_dtype(storage_dtype)
         super().__init__(**kwargs)  # torchmetrics' own options; it refuses any other keyword
         self.options = options

@@ -10,7 +10,7 @@ from typing import Any, Literal, cast
 from torch import Tensor
 from torchmetrics import Metric
 
-from torchmetrics_retrieval.functional._checks import check_choice, check_embeddings, check_str
+from torchmetrics_retrieval.functional._checks import check_embeddings, check_str
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._per_query import RetrievalResult
 from torchmetrics_retrieval.functional._qrels_inputs import Qrels, check_id_list, parse_qrels
@@ -23,7 +23,7 @@ from torchmetrics_retrieval.functional.qrels import (
     reduce_qrels,
 )
 from torchmetrics_retrieval.metrics._kwargs import MetricKwargs, Unpack
-from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator, validate_batch
+from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator, check_distributed, validate_batch
 
 __all__ = ["QrelsMetrics"]
 
@@ -125,7 +125,7 @@ class QrelsMetrics(Metric):
             distance, relevance_level, ignore_identical_ids, ties, knn_backend, chunk_size
         )
         check_str("prefix", prefix)
-        check_choice("distributed", distributed, ("shard", "gather"))
+        check_distributed(distributed)
         self.distributed = distributed
         self._options = RetrievalOptions.create(confidence_level=confidence_level, n_bootstrap=n_bootstrap, seed=seed)
         super().__init__(**kwargs)

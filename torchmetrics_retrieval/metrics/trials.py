@@ -14,7 +14,7 @@ from torchmetrics_retrieval.functional._trials import TrialRequest, check_trials
 from torchmetrics_retrieval.functional.trials import FarRule, trial_metrics
 from torchmetrics_retrieval.metrics._batch import FieldSpec
 from torchmetrics_retrieval.metrics._kwargs import MetricKwargs, Unpack
-from torchmetrics_retrieval.metrics._state import SampleAccumulator, cast_like_first
+from torchmetrics_retrieval.metrics._state import SampleAccumulator, cast_like_first, check_distributed
 
 __all__ = ["TrialMetrics"]
 
@@ -114,7 +114,7 @@ class TrialMetrics(SampleAccumulator):
         check_choice("distance", distance, DISTANCES)
         if chunk_size is not None:
             check_positive_int("chunk_size", chunk_size)
-        check_choice("distributed", distributed, ("shard", "gather"))
+        check_distributed(distributed)
         if (
             not (request.fmr_vals or request.rates.eer or request.rates.p_targets or roc_auc or cllr)
             and not request.act_dcf_p_target

@@ -7,7 +7,7 @@ from typing import Any, Literal, cast
 
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._checks import check_choice, check_fractions
+from torchmetrics_retrieval.functional._checks import check_fractions
 from torchmetrics_retrieval.functional._options import RetrievalOptions
 from torchmetrics_retrieval.functional._progress import shown
 from torchmetrics_retrieval.functional.relevance import LabelComparisonFn
@@ -25,6 +25,7 @@ from torchmetrics_retrieval.metrics._state import (
     FieldSpec,
     SampleAccumulator,
     cast_like_first,
+    check_distributed,
     non_empty_fractions,
     on_gathered_states,
 )
@@ -117,7 +118,7 @@ class FNMRAtFMR(SampleAccumulator):
         **kwargs: Unpack[MetricKwargs],
     ) -> None:
         options = RetrievalOptions.from_arguments(locals())  # first: locals() holds the parameters only
-        check_choice("distributed", distributed, ("shard", "gather"))
+        check_distributed(distributed)
         if not (options.eer or options.min_dcf_p_target or options.roc_auc):  # then at least one FMR value
             non_empty_fractions("fmr_vals", options.fmr_vals)
         super().__init__(**kwargs)
