@@ -52,6 +52,11 @@ def check_positive_int(name: str, value: Any) -> int:
     return value
 
 
+def check_positive_int_or_none(name: str, value: Any) -> int | None:
+    """Return ``value`` if it is None or a positive int (``chunk_size`` and the like: None means automatic)."""
+    return None if value is None else check_positive_int(name, value)
+
+
 def check_top_k(name: str, values: int | Iterable[int], *, allow_empty: bool = True) -> tuple[int, ...]:
     """Normalise a cutoff or a collection of cutoffs to a sorted tuple of distinct ints >= 1."""
     if isinstance(values, int) and not isinstance(values, bool):

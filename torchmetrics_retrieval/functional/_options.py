@@ -25,6 +25,7 @@ from torchmetrics_retrieval.functional._checks import (
     check_fractions,
     check_open_fractions,
     check_positive_int,
+    check_positive_int_or_none,
     check_str,
     check_top_k,
 )
@@ -69,10 +70,6 @@ class OptionKind:
     accepts: str = ""
 
 
-def _check_positive_int_or_none(name: str, value: Any) -> int | None:
-    return None if value is None else check_positive_int(name, value)
-
-
 def _check_factory_or_none(name: str, value: Any) -> str | None:
     """A faiss ``index_factory`` string (checked against faiss when the index is built, once D is known)."""
     if value is not None and (not isinstance(value, str) or not value.strip()):
@@ -91,7 +88,7 @@ def _choice(choices: tuple[Any, ...]) -> OptionKind:
 CUTOFFS = OptionKind("cutoffs", check_top_k, accepts="int | Iterable[int]")
 FRACTIONS = OptionKind("fractions", check_fractions, accepts="float | Iterable[float]")
 BOOL = OptionKind("bool", check_bool)
-POSITIVE_INT_OR_NONE = OptionKind("positive_int_or_none", _check_positive_int_or_none)
+POSITIVE_INT_OR_NONE = OptionKind("positive_int_or_none", check_positive_int_or_none)
 CALLABLE_OR_NONE = OptionKind("callable_or_none", check_callable)
 LEVEL_OR_NONE = OptionKind("level_or_none", _check_level_or_none)
 OPEN_FRACTIONS = OptionKind("fractions", check_open_fractions, accepts=FRACTIONS.accepts)

@@ -22,7 +22,7 @@ from torch import Tensor
 from torchmetrics_retrieval.functional._checks import (
     check_bool,
     check_embeddings,
-    check_positive_int,
+    check_positive_int_or_none,
     check_top_k,
     describe,
 )
@@ -46,8 +46,7 @@ def _check_inputs(z1: object, z2: object, eps: object, chunk_size: object) -> tu
         raise TypeError(f"`eps` must be a number >= 0, got {describe(eps)}.")
     if not (eps >= 0 and math.isfinite(eps)):
         raise ValueError(f"`eps` must be a finite number >= 0, got {eps}.")
-    if chunk_size is not None:
-        check_positive_int("chunk_size", chunk_size)
+    check_positive_int_or_none("chunk_size", chunk_size)
     return z1, z2.to(z1.device)
 
 

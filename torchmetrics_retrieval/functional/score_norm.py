@@ -28,6 +28,7 @@ from torchmetrics_retrieval.functional._checks import (
     check_embeddings,
     check_ids,
     check_positive_int,
+    check_positive_int_or_none,
     check_same_length,
     describe,
 )
@@ -290,8 +291,7 @@ def normalize_scores(
     check_choice("distance", distance, DISTANCES)
     _check_score_sign(scores, distance)
     top_n = _check_top_n(method, top_n, cohort.shape[0])
-    if chunk_size is not None:
-        check_positive_int("chunk_size", chunk_size)
+    check_positive_int_or_none("chunk_size", chunk_size)
     n_trials, n_rows, device = scores.shape[0], embeddings.shape[0], embeddings.device
     enrol = _check_index("enrol_index", enrol_index, n_trials, n_rows, device)
     test = _check_index("test_index", test_index, n_trials, n_rows, device)

@@ -24,6 +24,7 @@ from torchmetrics_retrieval.functional._checks import (
     check_id_pair,
     check_ids,
     check_positive_int,
+    check_positive_int_or_none,
     check_self_index,
     describe,
 )
@@ -145,8 +146,7 @@ def distance_blocks(
     """
     query, gallery = _check_query_gallery(query, gallery)
     check_choice("distance", distance, DISTANCES)
-    if chunk_size is not None:
-        check_positive_int("chunk_size", chunk_size)
+    check_positive_int_or_none("chunk_size", chunk_size)
     check_bool("exact", exact)
     exclusions = _check_exclusions("self_index", self_index, sequence_ids, search_groups, query, gallery)
     # Validation runs now; the blocks are computed lazily.
@@ -326,8 +326,7 @@ def _checked_search(
     check_choice("distance", distance, DISTANCES)
     check_choice("backend", backend, BACKENDS)
     check_choice("search_precision", search_precision, SEARCH_PRECISIONS)
-    if chunk_size is not None:
-        check_positive_int("chunk_size", chunk_size)
+    check_positive_int_or_none("chunk_size", chunk_size)
     check_bool("exact_distances", exact_distances)
     same_set = gallery is None
     query, gallery_ = _check_query_gallery(query, query if gallery is None else gallery)

@@ -21,7 +21,7 @@ from torch import Tensor
 from torchmetrics_retrieval.functional._checks import (
     check_embeddings,
     check_fractions,
-    check_positive_int,
+    check_positive_int_or_none,
     describe,
 )
 from torchmetrics_retrieval.functional._precision import ieee_float32_matmul
@@ -237,8 +237,7 @@ def uniformity(x: Tensor, t: float = 2.0, *, chunk_size: int | None = None) -> T
     if x.shape[0] < 2:
         raise ValueError(f"`x` must have at least 2 rows for uniformity, got {describe(x)}.")
     t = _check_positive_float("t", t)
-    if chunk_size is not None:
-        check_positive_int("chunk_size", chunk_size)
+    check_positive_int_or_none("chunk_size", chunk_size)
     x = x.to(torch.promote_types(x.dtype, torch.float32))
     n = x.shape[0]
     sq_norms = (x * x).sum(dim=1)

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import torch  # noqa: F401  (the examples' namespace)
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._checks import check_choice, check_embeddings, check_positive_int
+from torchmetrics_retrieval.functional._checks import check_choice, check_embeddings, check_positive_int_or_none
 from torchmetrics_retrieval.functional._search.types import DISTANCES, Distance
 from torchmetrics_retrieval.functional._trial_options import check_norm_options, normalised_scores, pooled_embeddings
 from torchmetrics_retrieval.functional._trials import (
@@ -193,8 +193,7 @@ def trial_metrics(
     )
     x = check_embeddings("embeddings", embeddings)
     check_choice("distance", distance, DISTANCES)
-    if chunk_size is not None:
-        check_positive_int("chunk_size", chunk_size)
+    check_positive_int_or_none("chunk_size", chunk_size)
     check_norm_options(score_norm, cohort, top_n, embedding_ids, cohort_ids)
     x, ids, embedding_ids = pooled_embeddings(x, template_ids, media_ids, embedding_ids)
     enrol, test, is_target = check_trials(trials, x.shape[0], x.device, ids)

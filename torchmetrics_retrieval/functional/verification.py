@@ -30,7 +30,7 @@ from torchmetrics_retrieval.functional._checks import (
     check_costs,
     check_fractions,
     check_open_fractions,
-    check_positive_int,
+    check_positive_int_or_none,
     describe,
 )
 from torchmetrics_retrieval.functional._pairs.passes import PairPasses
@@ -124,8 +124,7 @@ def _checked_problem(
     """The one check of the inputs of :func:`fnmr_at_fmr` and :func:`det_curve`."""
     check_choice("distance", distance, DISTANCES)
     check_callable("label_comparison_fn", label_comparison_fn)
-    if chunk_size is not None:
-        check_positive_int("chunk_size", chunk_size)
+    check_positive_int_or_none("chunk_size", chunk_size)
     return split_query_gallery(
         query,
         query_labels,

@@ -9,7 +9,7 @@ from typing import Any, Literal, cast
 import torch
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._checks import check_positive_int, check_top_k, describe
+from torchmetrics_retrieval.functional._checks import check_positive_int_or_none, check_top_k, describe
 from torchmetrics_retrieval.functional.contrastive import contrastive_accuracy
 from torchmetrics_retrieval.metrics._kwargs import MetricKwargs, Unpack
 from torchmetrics_retrieval.metrics._state import FieldSpec, SampleAccumulator, cast_like_first, check_distributed
@@ -97,8 +97,7 @@ class ContrastiveAccuracy(SampleAccumulator):
         if not isinstance(normalize, bool):
             raise TypeError(f"`normalize` must be a bool, got {describe(normalize)}.")
         eps = _check_eps(eps)
-        if chunk_size is not None:
-            check_positive_int("chunk_size", chunk_size)
+        check_positive_int_or_none("chunk_size", chunk_size)
         check_distributed(distributed)
         super().__init__(**kwargs)
         self.top_k: int | tuple[int, ...] = ks[0] if single else ks

@@ -8,7 +8,7 @@ from typing import Any, Literal, cast
 import torch
 from torch import Tensor
 
-from torchmetrics_retrieval.functional._checks import check_choice, check_positive_int, describe
+from torchmetrics_retrieval.functional._checks import check_choice, check_positive_int_or_none, describe
 from torchmetrics_retrieval.functional._search.types import DISTANCES, Distance
 from torchmetrics_retrieval.functional._trials import TrialRequest, check_trials
 from torchmetrics_retrieval.functional.trials import FarRule, trial_metrics
@@ -112,8 +112,7 @@ class TrialMetrics(SampleAccumulator):
             fmr_vals, eer, min_dcf_p_target, dcf_costs, roc_auc, cllr, act_dcf_p_target, far_rule
         )
         check_choice("distance", distance, DISTANCES)
-        if chunk_size is not None:
-            check_positive_int("chunk_size", chunk_size)
+        check_positive_int_or_none("chunk_size", chunk_size)
         check_distributed(distributed)
         if (
             not (request.fmr_vals or request.rates.eer or request.rates.p_targets or roc_auc or cllr)
