@@ -149,8 +149,8 @@ def _key_brackets(
     has a reported distance below the threshold's; certainly above ``upper``, above it.
 
     ``tolerance``: the rows' key tolerance. ``symmetric``: for the keys of the set against itself (see
-    ``_search.key_blocks``). ``threshold_sq``: the
-    canonical squared norms of the thresholds' gallery items (default: looked up at ``positions``).
+    ``_search.key_blocks``). ``threshold_sq``: the canonical squared norms of the thresholds' gallery items
+    (default: looked up at ``positions``).
     The reported distance is the canonical float64 value rounded to the query dtype, so the bracket spans two
     of its ulps either side. The count compares keys within their rounding bound of the bracket; near a
     near-duplicate's threshold the bracket is widened by that bound once more, because the canonical distance
