@@ -65,9 +65,7 @@ def pytest_configure(config: pytest.Config) -> None:
     started = time.monotonic()
     parts = {part: subprocess.Popen([sys.executable, str(script), part]) for part in ("search", "pairs")}
     failed = [part for part, process in parts.items() if process.wait() != 0]
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
     message = f"numba kernels compiled into their cache in {time.monotonic() - started:.0f} s"
     if failed:
         message += f" (warm-up part {', '.join(failed)} failed: the tests compile the rest)"
-    if reporter is not None:
-        reporter.write_line(message)
+    print(message, file=sys.stderr)  # before the terminal reporter exists
