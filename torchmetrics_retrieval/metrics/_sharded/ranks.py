@@ -66,9 +66,10 @@ from torchmetrics_retrieval.metrics._sharded.tiles import fetch_rows
 
 __all__ = ["ShardedRanks", "shard_counts", "shard_thresholds"]
 
-#: The near ties whose rows a rank fetches at a time, to compute their distances (the rows of ``2 P`` times as
-#: many pairs at most: a few MiB).
-PAIR_ROWS = 4096
+#: The bytes of rows fetched at a time to compute the near ties' distances (two rows per pair of every rank, at
+#: most): each fetch is an all-gather, and small ones, of near ties spread over the whole set, fetched most of the
+#: set again and again (a symmetric count at N = 20k meets about 150k near ties).
+PAIR_FETCH_BYTES = 64 * 2**20
 
 
 class ShardedRanks:
@@ -170,11 +171,13 @@ class ShardedRanks:
 
     def _reported(self, pair_rows: Tensor, pair_cols: Tensor, dtype: torch.dtype) -> Tensor:
         """The reported distances of this rank's pairs (query rows, gallery columns of ``qg``), each computed pair
-        by pair from the two rows, fetched from their owners ``PAIR_ROWS`` pairs of every rank at a time (a
-        collective: every rank enters it, with or without pairs)."""
+        by pair from the two rows, fetched from their owners ``PAIR_FETCH_BYTES`` at a time (a collective: every
+        rank enters it, with or without pairs)."""
         qg, device = self.qg, self.local.device
         out = torch.empty(pair_rows.numel(), dtype=dtype, device=device)
-        for visit in visiting_rounds(pair_rows.numel(), PAIR_ROWS, self.group, device):
+        row_bytes = max(1, self.local.shape[1]) * self.local.element_size()
+        block = max(1, PAIR_FETCH_BYTES // (2 * self.world * row_bytes))
+        for visit in visiting_rounds(pair_rows.numel(), block, self.group, device):
             query, item = qg.query_positions[pair_rows[visit.mine]], qg.gallery_positions[pair_cols[visit.mine]]
             positions = torch.unique(visit.join(torch.cat([query, item])))
             rows = fetch_rows(self.shards, self.local, positions)
