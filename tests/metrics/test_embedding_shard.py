@@ -7,13 +7,11 @@ in one or many rounds; bad rows on one rank raise on every rank (no hang)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from tests.metrics._distributed import run_distributed
@@ -32,9 +30,8 @@ from torchmetrics_retrieval.functional._search.problem import make_problem
 from torchmetrics_retrieval.functional._sets import QueryGallery, split_query_gallery
 from torchmetrics_retrieval.metrics import EmbeddingMetrics
 from torchmetrics_retrieval.metrics._sharded import embedding as shard
-from torchmetrics_retrieval.metrics._sharded import ranks as sharded_ranks
 from torchmetrics_retrieval.metrics._sharded import search as shard_search
-from torchmetrics_retrieval.metrics._sharded.global_set import ShardedSet, restrict_gallery
+from torchmetrics_retrieval.metrics._sharded.global_set import restrict_gallery
 from torchmetrics_retrieval.metrics._sharded.ranks import shard_counts, shard_thresholds
 
 N = 29  # not a multiple of 2 or 3: DistributedSampler pads with duplicates
@@ -199,17 +196,15 @@ def test_symmetric_sharded_search_on_four_ranks(tmp_path: Path) -> None:
 #: Each alone and together; K = 1 where mrr is on, so that many queries' first hit lies beyond the top K.
 FULL_OPTIONS: dict[str, dict[str, Any]] = {
     "mrr": {"cmc_top_k": (1,), "precision_top_k": (), "map_top_k": (), "mrr": True},
-    "map_full": {"map_full": True, "chunk_size": 7},  # (the symmetric count: tiles of 7 shared out over the ranks)
-    "minp": {"minp": True, "distance": "dot", "chunk_size": 7},
+    "map_full": {"map_full": True},
+    "minp": {"minp": True, "distance": "dot"},
     "together": {**ALL_RANKING, "cmc_top_k": (1,), "distance": "sqeuclidean", "per_class": True},
 }
 FULL_FIELDS = (*FIELDS, "is_gallery")
-#: The feedings of each option set (all of them for the metrics together). A set against itself (``same_set``)
-#: takes the symmetric count; ``same_set_compiled`` with the compiled kernels.
+#: The feedings of each option set (all of them for the metrics together); ``same_set_compiled``: a set against
+#: itself with the compiled count.
 FULL_FEEDS = ("uneven", "one_rank", "one_per_round", "same_set", "same_set_compiled")
 ALL_FEEDS = ("sampler", "uneven", "empty_rank", "one_rank", "same_set", "same_set_compiled", "one_per_round")
-#: The option sets whose every query is ranked (map, minp): on a set against itself, the symmetric count.
-SYMMETRIC_COUNTS = ("map_full", "minp", "together")
 
 
 def _full_data(variant: str, world_size: int) -> dict[str, Tensor]:
@@ -241,18 +236,15 @@ def _full_metric(feed: str, rank: int, world_size: int, options: dict[str, Any])
 def _full_scenarios(rank: int, world_size: int) -> dict[str, Any]:
     """Each option set of ``FULL_OPTIONS`` on its feedings; ``one_per_round``: one query of each rank per round
     (ranks with different numbers of rounds). ``calls``: the computes that took the sharded full-ranking path;
-    ``symmetric``: the option sets and feeds that took its symmetric count; ``kernel_calls``: the compiled count's
-    calls in each ``same_set_compiled`` feed."""
-    calls, symmetric, kernel_calls, current = [], [], {}, [""]
-    ranks, budget, counted = shard.ShardedRanks, ranks_plan.BUDGET_ENTRIES, sharded_ranks.ShardedRanks._symmetric
-    count_rows = count_kernels.count_rows
+    ``kernel_calls``: the compiled count's calls in each feed."""
+    calls, kernel_calls, current = [], {}, [""]
+    ranks, budget, count_rows = shard.ShardedRanks, ranks_plan.BUDGET_ENTRIES, count_kernels.count_rows
 
     def kernel(*args: Any) -> Any:
         kernel_calls[current[0]] = kernel_calls.get(current[0], 0) + 1
         return count_rows(*args)
 
     shard.ShardedRanks = lambda *args: calls.append(1) or ranks(*args)  # type: ignore[assignment,misc]
-    sharded_ranks.ShardedRanks._symmetric = lambda *args: symmetric.append(current[0]) or counted(*args)  # type: ignore[method-assign]
     count_kernels.count_rows = kernel
     outcomes: dict[str, Any] = {}
     for name, options in FULL_OPTIONS.items():
@@ -261,9 +253,8 @@ def _full_scenarios(rank: int, world_size: int) -> dict[str, Any]:
             ranks_plan.BUDGET_ENTRIES = 1 if feed == "one_per_round" else budget
             with plan.force_compiled(True) if feed == "same_set_compiled" else contextlib.nullcontext():
                 outcomes[current[0]] = _outcome(_full_metric(feed, rank, world_size, options))
-    shard.ShardedRanks, ranks_plan.BUDGET_ENTRIES = ranks, budget  # type: ignore[misc]
-    sharded_ranks.ShardedRanks._symmetric, count_kernels.count_rows = counted, count_rows  # type: ignore[method-assign]
-    return {**outcomes, "calls": len(calls), "symmetric": symmetric, "kernel_calls": kernel_calls}
+    shard.ShardedRanks, ranks_plan.BUDGET_ENTRIES, count_kernels.count_rows = ranks, budget, count_rows  # type: ignore[misc]
+    return {**outcomes, "calls": len(calls), "kernel_calls": kernel_calls}
 
 
 def _full_expected(data: dict[str, Tensor], options: dict[str, Any]) -> dict[str, Any]:
@@ -292,14 +283,12 @@ def _assert_full_identical(ranks: list[dict[str, Any]], world_size: int) -> None
                 label = f"world_size={world_size} rank={rank} {name}/{feed}"
                 _assert_identical(outcomes["full"][f"{name}/{feed}"], expected.get(feed, split), label)
     n_computes = len(ALL_FEEDS) + (len(FULL_OPTIONS) - 1) * len(FULL_FEEDS)
-    symmetric = [f"{name}/{feed}" for name in SYMMETRIC_COUNTS for feed in ("same_set", "same_set_compiled")]
     for outcomes in ranks:  # sharded on several processes (one ShardedRanks per compute), never gathered
         assert outcomes["full"]["calls"] == (0 if world_size == 1 else n_computes)
-        # every set against itself with every query ranked took the symmetric count, each only once
-        assert outcomes["full"]["symmetric"] == ([] if world_size == 1 else symmetric)
-        if world_size > 1:  # the compiled count ran on every rank in every compiled symmetric feed (each has a tile)
+        if world_size > 1:  # the compiled count ran in every compiled feed (the small data takes the torch one else)
             found = outcomes["full"]["kernel_calls"]
-            assert all(found.get(f"{name}/same_set_compiled", 0) > 0 for name in SYMMETRIC_COUNTS), found
+            assert all(found.get(f"{name}/same_set_compiled", 0) > 0 for name in FULL_OPTIONS), found
+            assert not any(found.get(f"{name}/same_set", 0) for name in FULL_OPTIONS), found
 
 
 def _ranks_over_shards(qg: QueryGallery, options: RetrievalOptions, shards: list[Tensor], m: int, last: bool) -> Tensor:
@@ -341,55 +330,6 @@ def test_counts_summed_over_shards_are_the_full_ranks(compiled: bool, distance: 
             m = 1 if last or max_relevant else n_max
             expected = relevant_ranks(qg, n_relevant, options, max_relevant, last)
             assert torch.equal(_ranks_over_shards(qg, options, shards, m, last), expected), (max_relevant, last)
-
-
-@pytest.fixture
-def one_process_group() -> Iterator[None]:
-    """A gloo group of this process alone: the sharded code's collectives run, over one shard."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
-@pytest.mark.usefixtures("one_process_group")
-@pytest.mark.parametrize("compiled", [True, False], ids=["compiled kernels", "torch passes"])
-@pytest.mark.parametrize("distance", ["euclidean", "sqeuclidean", "cosine", "dot"])
-def test_symmetric_count_is_one_process_count(compiled: bool, distance: str) -> None:
-    """A set against itself, every query ranked: the sharded symmetric count (every query's thresholds, the key
-    tiles of one process, near ties' rows fetched from their owners) gives one process's ranks, with and without
-    exclusion rules, for every width of thresholds; ties and duplicates in tiles of 7."""
-    g = torch.Generator().manual_seed(3)
-    x = torch.randint(-2, 3, (90, 4), generator=g).float()
-    x[5:12] = x[3]  # duplicates: exact ties of equal rows, which the counts compare by position
-    x[x.abs().sum(dim=1) == 0] = 1.0  # cosine: no zero row
-    labels = torch.randint(0, 6, (90,), generator=g)
-    rules = {
-        "sequence_ids": torch.randint(0, 20, (90,), generator=g),
-        "camera_ids": torch.randint(0, 3, (90,), generator=g),
-    }
-    options = RetrievalOptions.create(distance=distance, chunk_size=7)
-    symmetric, kernel = sharded_ranks.ShardedRanks._symmetric, count_kernels.count_rows
-    calls: list[str] = []
-    sharded_ranks.ShardedRanks._symmetric = lambda *args: calls.append("counts") or symmetric(*args)  # type: ignore[method-assign]
-    count_kernels.count_rows = lambda *args: calls.append("kernel") or kernel(*args)
-    try:
-        for fields in ({}, rules):
-            qg = split_query_gallery(x, labels, **fields)
-            n_relevant = count_relevant(qg, options)
-            shards = ShardedSet(qg, x, torch.zeros(90, dtype=torch.long), torch.arange(90), None)
-            for max_relevant, last in ((None, False), (1, False), (None, True)):
-                with plan.force_compiled(compiled):
-                    expected = relevant_ranks(qg, n_relevant, options, max_relevant, last)
-                    del calls[:]
-                    ranks = sharded_ranks.ShardedRanks(shards, options, n_relevant, torch.arange(90))
-                    assert torch.equal(ranks(torch.arange(90), max_relevant, last), expected), (
-                        fields,
-                        max_relevant,
-                        last,
-                    )
-                assert calls.count("counts") == 1 and (calls.count("kernel") > 0) == compiled, calls
-    finally:
-        sharded_ranks.ShardedRanks._symmetric, count_kernels.count_rows = symmetric, kernel  # type: ignore[method-assign]
 
 
 def test_full_ranking_metrics_are_shardable() -> None:

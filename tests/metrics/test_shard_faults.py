@@ -9,7 +9,7 @@ and a second ``compute()`` give one process's values over both batches, on both 
 
 The steps of failure: the first search (a rank's own shard, before any exchange), the bipartite search of the
 symmetric rounds in the middle of the point-to-point exchanges (several visiting blocks: ``VISIT_ROWS`` made
-small), the pair passes (FNMR@FMR, EER), the symmetric full-ranking count, the reduction after the last
+small), the pair passes (FNMR@FMR, EER), the full-ranking count of a shard, the reduction after the last
 collective, the counts of ``ContrastiveAccuracy`` and the searches of ``CrossModalRetrieval`` (queries apart from
 the gallery).
 """
@@ -36,6 +36,7 @@ from torchmetrics_retrieval import ContrastiveAccuracy, CrossModalRetrieval, Emb
 from torchmetrics_retrieval.metrics._sharded import contrastive as shard_contrastive
 from torchmetrics_retrieval.metrics._sharded import embedding as shard_embedding
 from torchmetrics_retrieval.metrics._sharded import keys as shard_keys
+from torchmetrics_retrieval.metrics._sharded import ranks as shard_ranks
 from torchmetrics_retrieval.metrics._sharded import search as shard_search
 
 #: The metrics' process group times out after this (not the default 30 minutes): a regression fails, not hangs.
@@ -47,7 +48,7 @@ N_FIRST, N_SECOND = 240, 60
 
 KNN: dict[str, Any] = {"cmc_top_k": (1, 5), "map_at_r": True}
 PAIRS: dict[str, Any] = {"fmr_vals": (0.1,), "eer": True, "chunk_size": 32}  # several tiles on every rank
-FULL: dict[str, Any] = {"map_full": True, "minp": True, "chunk_size": 32}
+FULL: dict[str, Any] = {"map_full": True, "minp": True}
 #: scenario: (metric factory, module, attribute to make fail on rank 1, failing call (1: the first))
 SCENARIOS: dict[str, tuple[Callable[..., Metric], Any, str, int]] = {
     "own_search": (lambda **kw: EmbeddingMetrics(**KNN, **kw), shard_search, "_search", 1),
@@ -55,8 +56,8 @@ SCENARIOS: dict[str, tuple[Callable[..., Metric], Any, str, int]] = {
     # counted twice: the smaller side first), so call 40 falls in step 4 of 8
     "bipartite": (lambda **kw: EmbeddingMetrics(**KNN, **kw), shard_search, "_bipartite", 40),
     "pair_passes": (lambda **kw: EmbeddingMetrics(**PAIRS, **kw), shard_keys.ShardedKeys, "_keys", 2),
-    # the symmetric full-ranking count, in the middle of its key tiles
-    "full_ranking_count": (lambda **kw: EmbeddingMetrics(**FULL, **kw), shard_keys.ShardedKeys, "_keys", 2),
+    # the full-ranking count of a shard, between the gather of the thresholds and the sum of the counts
+    "full_ranking_count": (lambda **kw: EmbeddingMetrics(**FULL, **kw), shard_ranks, "shard_counts", 1),
     "after_last_collective": (lambda **kw: EmbeddingMetrics(**KNN, **kw), shard_embedding, "reduce_per_query", 1),
     "fnmr_at_fmr": (lambda **kw: FNMRAtFMR(**PAIRS, **kw), shard_keys.ShardedKeys, "_keys", 1),
     "contrastive": (lambda **kw: ContrastiveAccuracy(top_k=(1, 5), **kw), shard_contrastive, "_count_above", 1),

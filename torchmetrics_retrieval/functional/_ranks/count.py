@@ -22,7 +22,6 @@ Memory: the thresholds (rows x max n(q), in query chunks) plus one block; never 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -35,7 +34,7 @@ from torchmetrics_retrieval.functional._progress import section
 from torchmetrics_retrieval.functional._ranks import plan as ranks_plan
 from torchmetrics_retrieval.functional._search import plan
 from torchmetrics_retrieval.functional._search.certify import canonical_distances, key_tolerance
-from torchmetrics_retrieval.functional._search.key_blocks import KeyBlock, key_blocks
+from torchmetrics_retrieval.functional._search.key_blocks import key_blocks
 from torchmetrics_retrieval.functional._search.problem import Problem, make_problem, rounding_terms
 from torchmetrics_retrieval.functional._sets import QueryGallery
 from torchmetrics_retrieval.functional.relevance import _dense_label_ids
@@ -57,15 +56,11 @@ class _Thresholds:
         symmetric: bool,
         last: bool = False,
         listed: tuple[Tensor, Tensor] | None = None,
-        dim: int | None = None,
     ) -> None:
         """``listed``: the pairs' reported distances and their gallery items' canonical squared norms, when the
         pairs were listed elsewhere (a shard of the gallery: ``pair_cols`` are then the items' *virtual*
-        positions in it, see ``metrics._sharded.ranks``, and pairs of equal distance come in tie order).
-        ``dim``: the rows' dimension, when ``problem``'s rows are placeholders (default: theirs)."""
+        positions in it, see ``metrics._sharded.ranks``, and pairs of equal distance come in tie order)."""
         self.symmetric, self.last = symmetric, last
-        dim = problem.query.shape[1] if dim is None else dim
-        self.tolerance = key_tolerance(problem, rows, rounding_terms(dim))  # of the stage-1 keys of each row
         if listed is None:
             distances = canonical_distances(problem, rows, pair_rows, pair_cols).to(problem.dtype)
             gallery_sq = None
@@ -79,8 +74,7 @@ class _Thresholds:
         self.n_listed = per_row  # the row's relevant pairs, thresholds or not
         # the items' norms, which the shard's own gallery may not hold
         threshold_sq = None if gallery_sq is None else _gather_or(gallery_sq.to(torch.float64), index, 0.0)
-        brackets = (self.distances, self.positions, self.tolerance, symmetric, threshold_sq)
-        self.lower, self.upper = _key_brackets(problem, rows, *brackets)
+        self.lower, self.upper = _key_brackets(problem, rows, self.distances, self.positions, symmetric, threshold_sq)
 
     def count_preceding(self, distances: Tensor, positions: Tensor, pair_rows: Tensor, kernels: Any) -> Tensor:
         """For items ``(distances, positions)`` of the rows ``pair_rows``: the number of the row's thresholds
@@ -141,16 +135,14 @@ def _key_brackets(
     rows: Tensor,
     distances: Tensor,
     positions: Tensor,
-    tolerance: Tensor,
     symmetric: bool,
     threshold_sq: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Stage-1 key bounds ``(lower, upper)`` of the thresholds: an item whose key is certainly below ``lower``
     has a reported distance below the threshold's; certainly above ``upper``, above it.
 
-    ``tolerance``: the rows' key tolerance. ``symmetric``: for the keys of the set against itself (see
-    ``_search.key_blocks``). ``threshold_sq``: the canonical squared norms of the thresholds' gallery items
-    (default: looked up at ``positions``).
+    ``symmetric``: for the keys of the set against itself (see :func:`_key_blocks`). ``threshold_sq``: the
+    canonical squared norms of the thresholds' gallery items (default: looked up at ``positions``).
     The reported distance is the canonical float64 value rounded to the query dtype, so the bracket spans two
     of its ulps either side. The count compares keys within their rounding bound of the bracket; near a
     near-duplicate's threshold the bracket is widened by that bound once more, because the canonical distance
@@ -174,7 +166,7 @@ def _key_brackets(
             lower, upper = torch.where(low > 0, low / 2, -float("inf")), high / 2
         else:  # the squared distance minus |q|^2
             lower, upper = torch.where(low > 0, low - q_sq, -float("inf")), high - q_sq
-        tol = tolerance[:, None]
+        tol = key_tolerance(problem, rows, rounding_terms(problem.query.shape[1]))[:, None]
         if threshold_sq is None:
             threshold_sq = problem.gallery_sq64[positions.clamp(max=problem.gallery.shape[0] - 1)]
         scale = q_sq + threshold_sq
@@ -198,10 +190,11 @@ class _Counter:
         problem: Problem,
         rows: Tensor,
         thresholds: _Thresholds,
+        tolerance: Tensor,
         label_ids: tuple[Tensor, Tensor] | None = None,
     ) -> None:
         n_rows, m = thresholds.distances.shape
-        self.thresholds, self.tolerance = thresholds, thresholds.tolerance
+        self.thresholds, self.tolerance = thresholds, tolerance
         self.hist = torch.zeros(n_rows, m + 1, dtype=torch.long, device=rows.device)
         own = problem.exclusions.self_index
         self.own = own[rows] if own is not None else torch.full((n_rows,), -1, dtype=torch.long, device=rows.device)
@@ -223,7 +216,7 @@ class _Counter:
             )
             lut = np.empty((n_rows, n_buckets), dtype=np.int16 if m < 2**15 else np.int32)
             table = (
-                thresholds.lower.numpy(), thresholds.upper.numpy(), thresholds.filled.numpy(), self.tolerance.numpy(),
+                thresholds.lower.numpy(), thresholds.upper.numpy(), thresholds.filled.numpy(), tolerance.numpy(),
                 lut, np.zeros(n_rows), np.zeros(n_rows),
             )  # fmt: skip
             count_kernels.build_table(*table)
@@ -296,54 +289,22 @@ class _Counter:
             spare = self._spares[block.dtype] = torch.empty(size, dtype=block.dtype)
         return spare[:size].view(block.shape[1], block.shape[0]).copy_(block.T)
 
-    def ambiguous(self) -> tuple[Tensor, Tensor]:
-        """The near ties found so far: their rows (of the chunk) and gallery columns."""
-        if not self.ambiguous_rows:
-            empty = torch.zeros(0, dtype=torch.long, device=self.hist.device)
-            return empty, empty
-        return torch.cat(self.ambiguous_rows), torch.cat(self.ambiguous_cols)
-
-    def add_exact(self, distances: Tensor, pair_rows: Tensor, pair_cols: Tensor) -> None:
-        """Count the near ties ``(pair_rows, pair_cols)`` by their reported ``distances``."""
-        if not pair_rows.numel():
-            return
-        m = self.thresholds.distances.shape[1]
-        bins = self.thresholds.count_preceding(distances, pair_cols, pair_rows, self.kernels if self.compiled else None)
-        self.hist.view(-1).index_add_(0, pair_rows * (m + 1) + bins, torch.ones_like(bins))
-
-    def add_skipped(self) -> None:
-        """Count the relevant items the kernels skipped (with label ids): a threshold follows those before it; the
-        other relevant items follow every threshold, or precede the only one (the last relevant item)."""
-        if self.skip_relevant:
-            thresholds, m = self.thresholds, self.thresholds.distances.shape[1]
-            self.hist[:, 1:] += torch.arange(m, device=self.hist.device)[None, :] < thresholds.filled[:, None]
-            self.hist[:, 0 if thresholds.last else m] += thresholds.n_listed - thresholds.filled
-
-    def before(self) -> Tensor:
-        """``(R, m)``: the eligible items counted before each threshold."""
-        return self.hist.cumsum(dim=1)[:, : self.thresholds.distances.shape[1]]
-
     def counts(self, problem: Problem, rows: Tensor) -> Tensor:
         """``(R, m)``: the eligible items before each threshold, once the ambiguous ones are compared exactly."""
-        self.add_skipped()
-        pair_rows, pair_cols = self.ambiguous()
-        if pair_rows.numel():
+        m = self.thresholds.distances.shape[1]
+        if self.skip_relevant:  # a threshold follows those before it; the other relevant
+            # items follow every threshold, or precede the only one (the last relevant item)
+            thresholds = self.thresholds
+            self.hist[:, 1:] += torch.arange(m, device=rows.device)[None, :] < thresholds.filled[:, None]
+            self.hist[:, 0 if thresholds.last else m] += thresholds.n_listed - thresholds.filled
+        if self.ambiguous_rows:
+            pair_rows, pair_cols = torch.cat(self.ambiguous_rows), torch.cat(self.ambiguous_cols)
             distances = canonical_distances(problem, rows, pair_rows, pair_cols).to(problem.dtype)
-            self.add_exact(distances, pair_rows, pair_cols)
-        return self.before()
-
-
-def count_blocks(counter: _Counter, problem: Problem, rows: Tensor, blocks: Iterable[KeyBlock]) -> None:
-    """Count the eligible items of every key block of the queries ``rows`` (a mirrored block serves its columns'
-    queries too)."""
-    others = problem.exclusions.take(rows)._replace(self_index=None)  # the rules a block mask serves
-    active = counter.thresholds.filled > 0
-    for rs, cs, keys, mirrored in blocks:
-        mask = others.eligible(rs, cs, (keys.shape[0], keys.shape[1]), rows.device)
-        if bool(active[rs].any()):
-            counter.add(keys, rs, cs.start, mask)
-        if mirrored and bool(active[cs].any()):
-            counter.add(keys, cs, rs.start, mask, transposed=True)
+            bins = self.thresholds.count_preceding(
+                distances, pair_cols, pair_rows, self.kernels if self.compiled else None
+            )
+            self.hist.view(-1).index_add_(0, pair_rows * (m + 1) + bins, torch.ones_like(bins))
+        return self.hist.cumsum(dim=1)[:, :m]
 
 
 def _count_before(
@@ -358,8 +319,16 @@ def _count_before(
     ``label_ids``: dense label ids of the queries and the gallery when the thresholds are made from every
     eligible item sharing the query's id (relevance by label equality); the relevant items are then placed
     without a comparison."""
-    counter = _Counter(problem, rows, thresholds, label_ids)
-    count_blocks(counter, problem, rows, key_blocks(problem, rows, chunk_size, thresholds.symmetric))
+    tolerance = key_tolerance(problem, rows, rounding_terms(problem.query.shape[1]))
+    counter = _Counter(problem, rows, thresholds, tolerance, label_ids)
+    others = problem.exclusions.take(rows)._replace(self_index=None)  # the rules a block mask serves
+    active = thresholds.filled > 0
+    for rs, cs, keys, mirrored in key_blocks(problem, rows, chunk_size, thresholds.symmetric):
+        mask = others.eligible(rs, cs, (keys.shape[0], keys.shape[1]), rows.device)
+        if bool(active[rs].any()):
+            counter.add(keys, rs, cs.start, mask)
+        if mirrored and bool(active[cs].any()):  # the same block serves its columns' queries
+            counter.add(keys, cs, rs.start, mask, transposed=True)
     return counter.counts(problem, rows)
 
 

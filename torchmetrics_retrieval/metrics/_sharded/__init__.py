@@ -11,8 +11,7 @@ The distributed layer sits between the metric classes and the engines, imports i
     search.py        the exact top K: symmetric ring passes, or the visiting rounds (queries apart)
     tiles.py         the engines' one tile schedule shared out over the ranks: each tile computed by one rank
     keys.py          one process's stage-1 key tiles, each computed by one rank from the same operands
-    ranks.py         full-ranking ranks: thresholds and counts of each shard summed, or (a set against
-                     itself) one process's symmetric count over this rank's key tiles
+    ranks.py         full-ranking ranks: thresholds and counts of each shard, summed
     pairs.py         FNMR@FMR, EER, minDCF (the ``_pairs`` passes on this rank's tiles, totals summed)
     auc.py           ROC AUC (positives listed in the visiting rounds, the ``_pairs.auc`` placement of the
                      negatives on this rank's tiles, counts summed)
