@@ -304,7 +304,7 @@ def on_gathered_states(metric: Metric, fn: Callable[[], T]) -> T:
             metric.unsync()
 
 
-#: The values of the metrics' ``distributed`` argument (how :func:`runs_sharded` reads it).
+#: The values of the metrics' ``distributed`` argument.
 DISTRIBUTED_MODES = ("shard", "gather")
 
 

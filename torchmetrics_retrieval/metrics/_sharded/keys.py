@@ -5,7 +5,7 @@ The tiles are ``key_blocks``' tiles of the global set (one ``TileSchedule``: sam
 ranges), shared out by ``tiles.ShardedTiles``. Each rank computes its tiles with the same product
 (``SymmetricKeys`` / ``addmm_keys``, IEEE float32) of the same float32 stage rows (``stage_rows`` of the canonical
 squared norms: row by row, so the owner of a row makes the same row), given a BLAS that repeats a product of the
-same operands. The passes over every pair (``pairs``) and the symmetric full-ranking count (``ranks``) read them.
+same operands. The passes over every pair (``pairs``) read them.
 """
 
 from __future__ import annotations

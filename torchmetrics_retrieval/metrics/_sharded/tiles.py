@@ -27,7 +27,7 @@ from torchmetrics_retrieval.functional._search.blocks import TileSchedule
 from torchmetrics_retrieval.metrics._sharded.gather import gather
 from torchmetrics_retrieval.metrics._sharded.global_set import ShardedSet
 
-__all__ = ["FETCH_BYTES", "Forms", "ShardedTiles", "Tile", "fetch_rows"]
+__all__ = ["FETCH_BYTES", "Forms", "ShardedTiles", "Tile"]
 
 #: Payload bytes of the blocks fetched in one collective (:meth:`ShardedTiles.tiles`, and the held column blocks).
 FETCH_BYTES = 8 * 2**20
@@ -61,17 +61,6 @@ class Tile(Generic[Left, Right]):
     def n_pairs(self) -> int:
         """The ordered pairs the tile stands for."""
         return (self.rows.stop - self.rows.start) * (self.cols.stop - self.cols.start) * (2 if self.mirrored else 1)
-
-
-def fetch_rows(shards: ShardedSet, payload: Tensor, positions: Tensor) -> Tensor:
-    """``payload``'s rows (one per local sample) of the samples at the global ``positions``, from their owners: a
-    collective, which every rank enters with the same ``positions``."""
-    holders = shards.owner[positions]
-    mine = positions[holders == dist.get_rank(shards.group)]
-    parts = gather(payload[shards.row[mine]], shards.group)
-    block = payload.new_empty((positions.numel(), *payload.shape[1:]))
-    block[torch.argsort(holders, stable=True)] = torch.cat(parts)
-    return block
 
 
 def _holders(schedule: TileSchedule, world: int) -> list[int]:
@@ -110,7 +99,12 @@ class ShardedTiles(Generic[Left, Right]):
 
     def fetch(self, positions: Tensor) -> Tensor:
         """The payload rows of the samples at these global positions, from their owners (a collective)."""
-        return fetch_rows(self.shards, self.payload, positions)
+        owner, row = self.shards.owner, self.shards.row
+        holders = owner[positions]
+        parts = gather(self.payload[row[positions[holders == self.rank]]], self.shards.group)
+        block = self.payload.new_empty((positions.numel(), *self.payload.shape[1:]))
+        block[torch.argsort(holders, stable=True)] = torch.cat(parts)
+        return block
 
     def tiles(self, first_rows_only: bool = False) -> Iterator[Tile[Left, Right]]:
         """This rank's tiles, row blocks outer (``first_rows_only``: those of the first row block)."""
