@@ -17,7 +17,7 @@ near the thresholds.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -108,33 +108,27 @@ def _bounds_of_norms(q_max: float, g_max: float, distance: str) -> tuple[float, 
     return -q_max * g_max, q_max * g_max
 
 
-def _checked_problem(
-    query: Tensor,
-    query_labels: Tensor,
-    gallery: Tensor | None,
-    gallery_labels: Tensor | None,
-    is_query: Tensor | None,
-    is_gallery: Tensor | None,
-    sequence_ids: PairedIds | None,
-    search_groups: PairedIds | None,
-    distance: str,
-    label_comparison_fn: LabelComparisonFn | None,
-    chunk_size: int | None,
-) -> QueryGallery:
-    """The one check of the inputs of :func:`fnmr_at_fmr` and :func:`det_curve`."""
-    check_choice("distance", distance, DISTANCES)
-    check_callable("label_comparison_fn", label_comparison_fn)
-    check_positive_int_or_none("chunk_size", chunk_size)
-    return split_query_gallery(
-        query,
-        query_labels,
-        gallery,
-        gallery_labels,
-        is_query=is_query,
-        is_gallery=is_gallery,
-        sequence_ids=sequence_ids,
-        search_groups=search_groups,
-    )
+#: The arguments of :func:`fnmr_at_fmr` and :func:`det_curve` that describe the query and gallery sets.
+_SET_ARGUMENTS = (
+    "query",
+    "query_labels",
+    "gallery",
+    "gallery_labels",
+    "is_query",
+    "is_gallery",
+    "sequence_ids",
+    "search_groups",
+)
+
+
+def _checked_problem(arguments: Mapping[str, Any]) -> QueryGallery:
+    """The one check of the inputs of :func:`fnmr_at_fmr` and :func:`det_curve`, given by name as they name them
+    (their ``locals()``): ``distance``, ``label_comparison_fn``, ``chunk_size`` and the sets (a missing one: None)."""
+    check_choice("distance", arguments["distance"], DISTANCES)
+    check_callable("label_comparison_fn", arguments["label_comparison_fn"])
+    check_positive_int_or_none("chunk_size", arguments["chunk_size"])
+    sets: dict[str, Any] = {name: arguments.get(name) for name in _SET_ARGUMENTS}
+    return split_query_gallery(**sets)
 
 
 def pair_curve(
@@ -221,11 +215,8 @@ def _pair_statistics(
 def _operating_points(query: Tensor, query_labels: Tensor, request: RateRequest, **options: Any) -> dict[str, Tensor]:
     """``(FMR, FNMR)`` where ``eer`` and each ``min_dcf/{p}`` of ``request`` are reached (the markers of the DET
     plot of ``FNMRAtFMR``); ``options`` as :func:`fnmr_at_fmr`'s (already checked)."""
+    qg = _checked_problem({"query": query, "query_labels": query_labels, **options})
     distance, fn, chunk = options["distance"], options["label_comparison_fn"], options["chunk_size"]
-    qg = _checked_problem(
-        query, query_labels, None, None, options.get("is_query"), options.get("is_gallery"),
-        options.get("sequence_ids"), options.get("search_groups"), distance, fn, chunk,
-    )  # fmt: skip
     return _pair_statistics(qg, (), request, distance, fn, chunk).points
 
 
@@ -334,19 +325,7 @@ def fnmr_at_fmr(
         check_costs("dcf_costs", dcf_costs),
     )
     with_auc = check_bool("roc_auc", roc_auc)
-    qg = _checked_problem(
-        query,
-        query_labels,
-        gallery,
-        gallery_labels,
-        is_query,
-        is_gallery,
-        sequence_ids,
-        search_groups,
-        distance,
-        label_comparison_fn,
-        chunk_size,
-    )
+    qg = _checked_problem(locals())
     return pair_metrics(qg, PairRequest(fractions, request, distance, label_comparison_fn, chunk_size, with_auc))
 
 
@@ -381,19 +360,7 @@ def det_curve(
         ([0.5, 0.0, 0.0], [2.0, 4.5, 7.0])
     """
     fractions = check_fractions("fmr_grid", fmr_grid)
-    qg = _checked_problem(
-        query,
-        query_labels,
-        gallery,
-        gallery_labels,
-        is_query,
-        is_gallery,
-        sequence_ids,
-        search_groups,
-        distance,
-        label_comparison_fn,
-        chunk_size,
-    )
+    qg = _checked_problem(locals())
     points = pair_curve(qg, fractions, distance, label_comparison_fn, chunk_size)
     fmr = torch.tensor(fractions, dtype=torch.float64, device=qg.query.device)
     return fmr, points.fnmr, points.thresholds
