@@ -8,7 +8,6 @@ from typing import Any, NamedTuple
 from torchmetrics_retrieval.functional._checks import (
     check_bool,
     check_choice,
-    check_costs,
     check_fractions,
     check_open_fractions,
 )
@@ -42,11 +41,7 @@ class TrialRequest(NamedTuple):
         act_dcf_p_target: float | Iterable[float],
         far_rule: Any,
     ) -> TrialRequest:
-        rates = RateRequest(
-            check_bool("eer", eer),
-            check_open_fractions("min_dcf_p_target", min_dcf_p_target),
-            check_costs("dcf_costs", dcf_costs),
-        )
+        rates = RateRequest.checked(eer, min_dcf_p_target, dcf_costs)  # these three are checked before fmr_vals
         return cls(
             check_fractions("fmr_vals", fmr_vals),
             rates,

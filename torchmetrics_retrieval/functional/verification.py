@@ -27,9 +27,7 @@ from torchmetrics_retrieval.functional._checks import (
     check_bool,
     check_callable,
     check_choice,
-    check_costs,
     check_fractions,
-    check_open_fractions,
     check_positive_int_or_none,
     describe,
 )
@@ -319,11 +317,7 @@ def fnmr_at_fmr(
         {'roc_auc': tensor(0.7500)}
     """
     fractions = check_fractions("fmr_vals", fmr_vals)
-    request = RateRequest(
-        check_bool("eer", eer),
-        check_open_fractions("min_dcf_p_target", min_dcf_p_target),
-        check_costs("dcf_costs", dcf_costs),
-    )
+    request = RateRequest.checked(eer, min_dcf_p_target, dcf_costs)
     with_auc = check_bool("roc_auc", roc_auc)
     qg = _checked_problem(locals())
     return pair_metrics(qg, PairRequest(fractions, request, distance, label_comparison_fn, chunk_size, with_auc))

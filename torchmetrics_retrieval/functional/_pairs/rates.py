@@ -18,11 +18,13 @@ distances with multiplicities.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import NamedTuple
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
+
+from torchmetrics_retrieval.functional._checks import check_bool, check_costs, check_open_fractions
 
 __all__ = ["RateRequest", "rates", "wanted_buckets"]
 
@@ -33,6 +35,15 @@ class RateRequest(NamedTuple):
     eer: bool
     p_targets: tuple[float, ...]
     costs: tuple[float, float]
+
+    @classmethod
+    def checked(cls, eer: Any, min_dcf_p_target: float | Iterable[float], dcf_costs: Any) -> RateRequest:
+        """The request of the options ``eer``, ``min_dcf_p_target`` and ``dcf_costs``, each checked under its name."""
+        return cls(
+            check_bool("eer", eer),
+            check_open_fractions("min_dcf_p_target", min_dcf_p_target),
+            check_costs("dcf_costs", dcf_costs),
+        )
 
 
 class Counted(NamedTuple):
