@@ -5,10 +5,10 @@
 ``out_dir/rank{r}.pt``; the caller gets the list of the ranks' results. A process that hangs or fails makes
 the test fail (every process is terminated) instead of blocking the suite.
 
-The processes stay up between the runs of one test module: starting one costs seconds of imports (torch,
+The processes stay up between runs, for the whole test session: starting one costs seconds of imports (torch,
 torchmetrics, the compiled kernels' cache), more than most runs. Each run still gets its own process group
 (a new port, destroyed at the end), and what a run rebinds in the modules of the package and of the tests is
-undone after it; a run of another module's function starts new processes.
+undone after it; a failed or hung run makes the next one start new processes.
 """
 
 from __future__ import annotations
@@ -72,10 +72,9 @@ def _serve(rank: int, tasks: Any, replies: Any) -> None:
 
 
 class _Pool:
-    """Processes ``0 .. n-1`` waiting for tasks, all serving the functions of one module."""
+    """Processes ``0 .. n-1`` waiting for tasks (functions of any test module, imported on first use)."""
 
-    def __init__(self, module: str) -> None:
-        self.module = module
+    def __init__(self) -> None:
         self.context = mp.get_context("spawn")
         self.replies = self.context.Queue()
         self.workers: list[tuple[Any, Any]] = []  # (process, its task queue)
@@ -154,10 +153,8 @@ def run_distributed(
 ) -> list[Any]:
     """Run ``fn`` on ``world_size`` gloo processes and return each rank's result (rank order)."""
     global _pool
-    if _pool is not None and _pool.module != fn.__module__:
-        _close_pool()
     if _pool is None:
-        _pool = _Pool(fn.__module__)
+        _pool = _Pool()
     try:
         _pool.run(fn, world_size, out_dir, args, timeout)
     except BaseException:
