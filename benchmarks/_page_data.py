@@ -4,6 +4,7 @@ records ``_results.py`` writes, shared by the sections (``_page_sections.py``) a
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 PLOTS = "benchmark-plots"
@@ -98,12 +99,26 @@ def thread_speedups(doc: dict[str, Any], methods: list[str]) -> dict[str, dict[i
     return out
 
 
-def ddp_speedups(doc: dict[str, Any]) -> dict[str, dict[int, float]]:
-    out: dict[str, dict[int, float]] = {}
-    for r in doc["records"]:
-        if r["ranks"] > 1:
-            out.setdefault(DDP[r["family"]], {})[r["ranks"]] = r["speedup"]
+def ddp_medians(records: list[dict[str, Any]]) -> dict[str, dict[int, dict[str, Any]]]:
+    """``{family: {P: record}}``, each record's times and ratios the medians over the rounds of that (family, P)
+    (one process is ``P = 1``), ``identical`` whether every round's values were, ``rounds`` how many there were."""
+    runs: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    for r in records:
+        runs.setdefault(r["family"], {}).setdefault(r["ranks"], []).append(r)
+    out: dict[str, dict[int, dict[str, Any]]] = {}
+    for family, by_p in runs.items():
+        for p, rounds in by_p.items():
+            median = {key: statistics.median(r[key] for r in rounds) for key in ("seconds", "speedup", "work")}
+            same = all(r["identical"] for r in rounds)
+            out.setdefault(family, {})[p] = {**rounds[0], **median, "identical": same, "rounds": len(rounds)}
     return out
+
+
+def ddp_speedups(doc: dict[str, Any]) -> dict[str, dict[int, float]]:
+    return {
+        DDP[family]: {p: r["speedup"] for p, r in by_p.items() if p > 1}
+        for family, by_p in ddp_medians(doc["records"]).items()
+    }
 
 
 def memory_points(docs: dict[str, dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:

@@ -11,6 +11,7 @@ from _page_data import (
     NAMES,
     REGIMES,
     counts,
+    ddp_medians,
     image,
     max_diff,
     memory_points,
@@ -232,9 +233,8 @@ def _memory_row(r: dict[str, Any]) -> list[str]:
 
 def ddp(doc: dict[str, Any], memory_doc: dict[str, Any]) -> list[str]:
     ranks = sorted({r["ranks"] for r in doc["records"] if r["ranks"] > 1})
-    by_family: dict[str, dict[int, dict[str, Any]]] = {}
-    for r in doc["records"]:
-        by_family.setdefault(r["family"], {})[r["ranks"]] = r
+    by_family = ddp_medians(doc["records"])
+    rounds = max(r["rounds"] for by_p in by_family.values() for r in by_p.values())
     rows = []
     for family, by_p in by_family.items():
         cells = [f"{by_p[p]['speedup']:.2f}x / {by_p[p]['work']:.2f}x" if p in by_p else "" for p in ranks]
@@ -248,8 +248,9 @@ def ddp(doc: dict[str, Any], memory_doc: dict[str, Any]) -> list[str]:
         f"Sharded `compute()` on P gloo processes of one thread each (N = {n:,}, D = 128, 20 per class), rank r",
         "holding the rows r::P, against one process: the speed-up of the slowest rank's time, and the work (CPU",
         "time summed over the ranks over one process's: what sharding adds, apart from how the cores are shared).",
-        "A machine with fewer cores than processes cannot show a speed-up above its core count. The last column",
-        "says whether every value equals one process's exactly (`torch.equal`).",
+        "A machine with fewer cores than processes cannot show a speed-up above its core count. Each figure is the",
+        f"median over {plural(rounds, 'round')}, one process and each P in turn. The last column says whether",
+        "every value equals one process's exactly (`torch.equal`).",
         "",
         *table(["family", "1 process", *[f"{p} processes: speed-up / work" for p in ranks], "identical"], rows),
         "",

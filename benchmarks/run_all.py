@@ -57,7 +57,7 @@ STEPS: dict[str, tuple[str, list[str], list[str]]] = {
     ),
     "ddp": (
         "bench_ddp.py",
-        "--n 20000 --ranks 2 3 4 --rounds 1 --no-memory".split(),
+        "--n 20000 --ranks 2 3 4 --rounds 3 --no-memory".split(),
         "--n 2000 --ranks 2 --rounds 1 --no-memory".split(),
     ),
     "ddp_memory": (

@@ -62,3 +62,18 @@ def test_headline_block_is_rewritten_only_between_the_markers(make_page: ModuleT
     untouched.write_text("no markers here\n")
     make_page.main(["--out", str(tmp_path / "page"), "--readme", str(untouched), "--no-plots"])
     assert untouched.read_text() == "no markers here\n"
+
+
+def test_ddp_figures_are_medians_over_the_rounds() -> None:
+    data = load_benchmark("_page_data")
+
+    def record(ranks: int, seconds: float, speedup: float, work: float, identical: bool = True) -> dict[str, object]:
+        return {"family": "knn", "ranks": ranks, "seconds": seconds, "speedup": speedup, "work": work,
+                "identical": identical}  # fmt: skip
+
+    records = [record(1, 2.0, 1.0, 1.0), record(2, 1.5, 1.3, 1.4), record(1, 4.0, 1.0, 1.0), record(2, 1.0, 1.9, 1.0)]
+    records += [record(1, 3.0, 1.0, 1.0), record(2, 1.2, 1.8, 1.1, identical=False)]
+    by_p = data.ddp_medians(records)["knn"]
+    assert (by_p[1]["seconds"], by_p[1]["rounds"], by_p[1]["identical"]) == (3.0, 3, True)
+    assert (by_p[2]["seconds"], by_p[2]["speedup"], by_p[2]["work"], by_p[2]["identical"]) == (1.2, 1.8, 1.1, False)
+    assert data.ddp_speedups({"records": records}) == {data.DDP["knn"]: {2: 1.8}}
