@@ -99,12 +99,14 @@ def thread_speedups(doc: dict[str, Any], methods: list[str]) -> dict[str, dict[i
     return out
 
 
-def ddp_medians(records: list[dict[str, Any]]) -> dict[str, dict[int, dict[str, Any]]]:
-    """``{family: {P: record}}``, each record's times and ratios the medians over the rounds of that (family, P)
-    (one process is ``P = 1``), ``identical`` whether every round's values were, ``rounds`` how many there were."""
+def ddp_medians(records: list[dict[str, Any]], mode: str = "shard") -> dict[str, dict[int, dict[str, Any]]]:
+    """``{family: {P: record}}`` of the runs of ``mode`` (one process is ``P = 1``), each record's times and ratios
+    the medians over the rounds of that (family, P), ``identical`` whether every round's values were, ``rounds``
+    how many there were."""
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {}
     for r in records:
-        runs.setdefault(r["family"], {}).setdefault(r["ranks"], []).append(r)
+        if r["mode"] == mode or r["ranks"] == 1:
+            runs.setdefault(r["family"], {}).setdefault(r["ranks"], []).append(r)
     out: dict[str, dict[int, dict[str, Any]]] = {}
     for family, by_p in runs.items():
         for p, rounds in by_p.items():

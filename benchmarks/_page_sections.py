@@ -232,14 +232,23 @@ def _memory_row(r: dict[str, Any]) -> list[str]:
 
 
 def ddp(doc: dict[str, Any], memory_doc: dict[str, Any]) -> list[str]:
-    ranks = sorted({r["ranks"] for r in doc["records"] if r["ranks"] > 1})
-    by_family = ddp_medians(doc["records"])
+    ranks = sorted({r["ranks"] for r in doc["records"] if r["ranks"] > 1 and r["mode"] == "shard"})
+    copies = sorted({r["ranks"] for r in doc["records"] if r["mode"] == "copies"})
+    by_family, copied = ddp_medians(doc["records"]), ddp_medians(doc["records"], "copies")
     rounds = max(r["rounds"] for by_p in by_family.values() for r in by_p.values())
     rows = []
     for family, by_p in by_family.items():
         cells = [f"{by_p[p]['speedup']:.2f}x / {by_p[p]['work']:.2f}x" if p in by_p else "" for p in ranks]
-        same = all(r["identical"] for r in by_p.values())
+        alike = copied.get(family, {})
+        cells += [f"{alike[p]['speedup']:.2f}x / {alike[p]['work']:.2f}x" if p in alike else "" for p in copies]
+        same = all(r["identical"] for r in [*by_p.values(), *alike.values()])
         rows.append([DDP[family], sec(by_p[1]["seconds"]), *cells, "yes" if same else "**no**"])
+    copies_note = [
+        f"The {' and '.join(f'{p} copies' for p in copies)} column{'s run' if len(copies) > 1 else ' runs'} that "
+        "many one-process computes at once, each on the whole set: their throughput against one alone, and their",
+        "CPU time against one alone, are the best speed-up and the least work that sharing this machine's cores",
+        "and caches leaves to sharded mode.",
+    ] if copies else []  # fmt: skip
     memory_rows = [_memory_row(r) for r in memory_doc["records"] if r["ranks"] == 2]
     n = doc["records"][0]["n"]
     return [
@@ -251,8 +260,18 @@ def ddp(doc: dict[str, Any], memory_doc: dict[str, Any]) -> list[str]:
         "A machine with fewer cores than processes cannot show a speed-up above its core count. Each figure is the",
         f"median over {plural(rounds, 'round')}, one process and each P in turn. The last column says whether",
         "every value equals one process's exactly (`torch.equal`).",
+        *copies_note,
         "",
-        *table(["family", "1 process", *[f"{p} processes: speed-up / work" for p in ranks], "identical"], rows),
+        *table(
+            [
+                "family",
+                "1 process",
+                *[f"{p} processes: speed-up / work" for p in ranks],
+                *[f"{p} copies at once: speed-up / work" for p in copies],
+                "identical",
+            ],
+            rows,
+        ),
         "",
         image("ddp_speedup", "speed-up of sharded evaluation per metric family"),
         "",

@@ -67,13 +67,18 @@ def test_headline_block_is_rewritten_only_between_the_markers(make_page: ModuleT
 def test_ddp_figures_are_medians_over_the_rounds() -> None:
     data = load_benchmark("_page_data")
 
-    def record(ranks: int, seconds: float, speedup: float, work: float, identical: bool = True) -> dict[str, object]:
-        return {"family": "knn", "ranks": ranks, "seconds": seconds, "speedup": speedup, "work": work,
+    def record(ranks: int, seconds: float, speedup: float, work: float, identical: bool = True, mode: str = "shard"):  # type: ignore[no-untyped-def]
+        return {"family": "knn", "ranks": ranks, "mode": mode, "seconds": seconds, "speedup": speedup, "work": work,
                 "identical": identical}  # fmt: skip
 
     records = [record(1, 2.0, 1.0, 1.0), record(2, 1.5, 1.3, 1.4), record(1, 4.0, 1.0, 1.0), record(2, 1.0, 1.9, 1.0)]
-    records += [record(1, 3.0, 1.0, 1.0), record(2, 1.2, 1.8, 1.1, identical=False)]
+    records += [
+        record(1, 3.0, 1.0, 1.0),
+        record(2, 1.2, 1.8, 1.1, identical=False),
+        record(2, 9.0, 1.6, 1.2, mode="copies"),
+    ]
     by_p = data.ddp_medians(records)["knn"]
     assert (by_p[1]["seconds"], by_p[1]["rounds"], by_p[1]["identical"]) == (3.0, 3, True)
     assert (by_p[2]["seconds"], by_p[2]["speedup"], by_p[2]["work"], by_p[2]["identical"]) == (1.2, 1.8, 1.1, False)
+    assert data.ddp_medians(records, "copies")["knn"][2]["seconds"] == 9.0  # the copies apart from sharded mode
     assert data.ddp_speedups({"records": records}) == {data.DDP["knn"]: {2: 1.8}}
