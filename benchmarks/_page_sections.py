@@ -244,11 +244,10 @@ def ddp(doc: dict[str, Any], memory_doc: dict[str, Any]) -> list[str]:
         same = all(r["identical"] for r in [*by_p.values(), *alike.values()])
         rows.append([DDP[family], sec(by_p[1]["seconds"]), *cells, "yes" if same else "**no**"])
     copies_note = [
-        f"The {' and '.join(f'{p} copies' for p in copies)} column{'s run' if len(copies) > 1 else ' runs'} that "
-        "many one-process computes at once, each on the whole set: their throughput against one alone, and their",
-        "CPU time against one alone, are the best speed-up and the least work that sharing this machine's cores",
-        "and caches leaves to sharded mode.",
-    ] if copies else []  # fmt: skip
+        'A "copies at once" column runs that many one-process computes at the same time, each on the whole set:',
+        "their throughput and CPU time against one alone are the best speed-up and the least work that sharing",
+        "this machine's cores and caches leaves to sharded mode.",
+    ]
     memory_rows = [_memory_row(r) for r in memory_doc["records"] if r["ranks"] == 2]
     n = doc["records"][0]["n"]
     return [
@@ -260,7 +259,7 @@ def ddp(doc: dict[str, Any], memory_doc: dict[str, Any]) -> list[str]:
         "A machine with fewer cores than processes cannot show a speed-up above its core count. Each figure is the",
         f"median over {plural(rounds, 'round')}, one process and each P in turn. The last column says whether",
         "every value equals one process's exactly (`torch.equal`).",
-        *copies_note,
+        *(copies_note if copies else []),
         "",
         *table(
             [
