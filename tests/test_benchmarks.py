@@ -107,14 +107,21 @@ def test_ddp_measures_sharded_families_identical_to_one_process(monkeypatch: pyt
     monkeypatch.syspath_prepend(str(BENCHMARKS))  # the spawned ranks import the benchmark and _common by name
     load_benchmark("_common")
     ddp = load_benchmark("bench_ddp")
-    for family in ("pairs", "contrastive"):
-        records = ddp.measure(family, 600, ranks=(2,), rounds=1, memory=False)
-        assert [(r["family"], r["ranks"], r["round"]) for r in records] == [(family, 1, 0), (family, 2, 0)]
+    for family, modes in (("pairs", ("shard",)), ("contrastive", ("shard", "copies"))):
+        records = ddp.measure(family, 600, ranks=(2,), rounds=1, modes=modes, memory=False)
+        runs = [(r["family"], r["ranks"], r["mode"], r["round"]) for r in records]
+        assert runs == [(family, 1, "shard", 0), *((family, 2, mode, 0) for mode in modes)]
         for record in records:
             assert record["seconds"] > 0 and record["one_seconds"] > 0 and record["cpu"] > 0
             assert record["identical"] and record["memory_mib"] is None
-        (line,) = ddp.summary(records)
-        assert line.startswith(family) and "identical True" in line
+        lines = ddp.summary(records)
+        assert len(lines) == len(modes)
+        for line, mode in zip(lines, modes, strict=True):
+            assert line.startswith(family) and f"P=2 {mode}:" in line and "identical True" in line
+    # copies: two whole problems in the time of the slower copy, each copy's CPU time against one problem's
+    copies = records[-1]
+    assert copies["speedup"] == pytest.approx(2 * copies["one_seconds"] / copies["seconds"])
+    assert copies["work"] == pytest.approx(copies["cpu"] / (2 * copies["one_cpu"]))
 
 
 def test_trials_benchmark_prints_every_option_set_and_the_memory(capsys: pytest.CaptureFixture[str]) -> None:
